@@ -1,0 +1,26 @@
+# Recipes; `./dev RECIPE` sets up the machine first (Docker engine, .venv), then runs one.
+set shell := ["bash", "-euo", "pipefail", "-c"]
+export PATH := justfile_directory() + "/.venv/bin:" + env_var("PATH")
+
+# the main job: the service on the local Docker engine, real commands in sandboxes
+demo: images
+    orchard up
+    python examples/quickstart.py || (orchard down; exit 1)
+    orchard down
+
+# base images, built offline and cached
+images:
+    orchard image build-base
+    orchard image build-busybox
+
+# the test suite (CI runs exactly this through .ci/run)
+test: images
+    pytest -n 2 --dist loadfile -p no:cacheprovider
+
+# format, lint, types, tests
+check: lint test
+
+lint:
+    ruff format --check orchard tests bench examples
+    ruff check orchard tests bench examples
+    mypy orchard

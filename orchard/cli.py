@@ -1,0 +1,310 @@
+"""The `orchard` command: one typer sub-app per area.
+
+Heavy libraries (docker, httpx, fastapi, torch) are imported inside commands, so `orchard --help`
+stays fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from orchard import __version__
+from orchard.config import BASE_IMAGE, settings
+from orchard.errors import EngineUnavailable, OrchardError
+
+app = typer.Typer(
+    name="orchard",
+    help="Build, train and evaluate LLM agents on isolated sandboxes.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+image_app = typer.Typer(help="Base images, built offline (no registry needed).", no_args_is_help=True)
+sandbox_app = typer.Typer(help="Sandboxes of the running service (`orchard up`).", no_args_is_help=True)
+app.add_typer(image_app, name="image")
+app.add_typer(sandbox_app, name="sandbox")
+
+
+def command(group: typer.Typer, *args: Any, **kwargs: Any) -> Callable:
+    """Register a command whose Orchard errors end as one line on stderr and exit code 1."""
+
+    def register(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def run(*a: Any, **k: Any) -> Any:
+            try:
+                return fn(*a, **k)
+            except OrchardError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(1) from None
+
+        return group.command(*args, **kwargs)(run)
+
+    return register
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"orchard {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Build, train and evaluate LLM agents on isolated sandboxes."""
+
+
+# -- the service ----------------------------------------------------------------------------
+
+
+@command(app, "up")
+def up(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="ORCHARD_API_KEY", help="API key (default: one stored in ORCHARD_HOME)."),
+    ] = None,
+    backend: Annotated[str, typer.Option(help="Where sandboxes run.")] = "docker",
+    foreground: Annotated[bool, typer.Option("--foreground", help="Run in this terminal until Ctrl-C.")] = False,
+) -> None:
+    """Start the environment service (Orchard Env API) on the local Docker engine."""
+    from orchard.env.service import load_or_create_key, serve
+
+    running = _running_service()
+    if running:
+        typer.echo(f"already running at {running['url']} (pid {running['pid']}); `orchard down` stops it")
+        return
+    key = api_key or load_or_create_key()
+    if foreground:
+        serve(host, port, backend=backend, api_key=key)
+        return
+    _start_in_background(host, port, backend, key)
+
+
+def _start_in_background(host: str, port: int, backend: str, key: str) -> None:
+    home = settings().home
+    home.mkdir(parents=True, exist_ok=True)
+    log_path = home / "service.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "orchard.env.service",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--backend",
+        backend,
+    ]
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "ORCHARD_API_KEY": key},
+        )
+    url = f"http://{host}:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise OrchardError(f"the service exited at start: {tail[0]} (log: {log_path})")
+        if _healthy(url):
+            typer.echo(f"Orchard Env is up at {url} (pid {process.pid}); log: {log_path}")
+            typer.echo(f"API key stored in {settings().service_state} (mode 0600); `orchard down` stops it")
+            return
+        time.sleep(0.1)
+    process.terminate()
+    raise OrchardError(f"the service did not answer within 120 s (log: {log_path})")
+
+
+@command(app, "down")
+def down() -> None:
+    """Stop the service and remove every sandbox it owns."""
+    state = _running_service()
+    if not state:
+        typer.echo("no Orchard service is running")
+        return
+    pid = state["pid"]
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 120
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    leftovers = _remove_orphans()
+    typer.echo(f"stopped the service (pid {pid}); {leftovers} leftover sandbox(es) removed")
+
+
+@command(app, "status")
+def status() -> None:
+    """Whether the Docker engine, the base image and the service are there."""
+    from orchard.env import images
+    from orchard.env.backends.docker import engine_reachable
+
+    engine = engine_reachable()
+    typer.echo(f"docker engine : {'running' if engine else 'not reachable (start it: ./dev engine)'}")
+    if engine:
+        base = images.image_exists(BASE_IMAGE)
+        typer.echo(f"base image    : {BASE_IMAGE if base else 'missing (orchard image build-base)'}")
+    service = _running_service()
+    if service:
+        count = len(_service_client().list())
+        typer.echo(f"service       : {service['url']} (pid {service['pid']}), {count} sandbox(es)")
+    else:
+        typer.echo("service       : not running (orchard up)")
+    typer.echo(f"store         : {settings().db_url}")
+
+
+def _running_service() -> dict | None:
+    from orchard.env.client import running_service
+
+    return running_service()
+
+
+def _healthy(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/health", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    from orchard.env.client import process_alive
+
+    return process_alive(pid)
+
+
+def _remove_orphans() -> int:
+    """Delete sandboxes whose owner process is gone (what a stopped service may leave)."""
+    from orchard.env.backends.base import owner_alive
+    from orchard.env.backends.docker import DockerBackend
+
+    backend = DockerBackend()
+    gone = [s for s in backend.list() if not owner_alive(s.owner)]
+    for found in gone:
+        backend.delete(found.sandbox_id)
+    return len(gone)
+
+
+def _service_client():
+    from orchard.env.client import Client, running_service_url
+
+    url = running_service_url()
+    if not url:
+        raise OrchardError("no Orchard service is running: start one with `orchard up` (or set ORCHARD_URL)")
+    return Client(url=url)
+
+
+# -- images -------------------------------------------------------------------------------
+
+
+@command(image_app, "build-base")
+def image_build_base(
+    tag: Annotated[str, typer.Option(help="Image tag to create.")] = BASE_IMAGE,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
+) -> None:
+    """A minimal Debian image (python3, git, bash) from debootstrap + docker import: no registry."""
+    from orchard.env import images
+
+    typer.echo(images.build_base(tag, force=force, log=typer.echo))
+
+
+@command(image_app, "build-busybox")
+def image_build_busybox(
+    tag: Annotated[str, typer.Option(help="Image tag to create.")] = "orchard/busybox:static",
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
+) -> None:
+    """A static busybox image: no Python, no libc (to show the agent needs nothing from an image)."""
+    from orchard.env import images
+
+    typer.echo(images.build_busybox(tag, force=force))
+
+
+# -- sandboxes ----------------------------------------------------------------------------
+
+
+@command(sandbox_app, "create")
+def sandbox_create(
+    image: Annotated[str, typer.Argument(help="Image to run, unmodified.")] = BASE_IMAGE,
+    network: Annotated[str, typer.Option(help="blocked (loopback only) or open.")] = "blocked",
+    cpu: Annotated[float | None, typer.Option(help="CPU cores.")] = None,
+    memory: Annotated[str | None, typer.Option(help="Memory limit, e.g. 2Gi.")] = None,
+    ttl: Annotated[float, typer.Option(help="Seconds until it is reaped.")] = 7200.0,
+) -> None:
+    """Create a sandbox in the running service and print its id."""
+    with _service_client() as client:
+        box = client.create(image, network=network, cpu=cpu, memory=memory, ttl=ttl, keep=True)  # type: ignore[arg-type]
+        typer.echo(box.id)
+
+
+@command(sandbox_app, "exec")
+def sandbox_exec(
+    sandbox_id: Annotated[str, typer.Argument(help="Sandbox id.")],
+    command_line: Annotated[
+        list[str],
+        typer.Argument(metavar="COMMAND...", help="Command (after --) or one shell string."),
+    ],
+    timeout: Annotated[float, typer.Option(help="Seconds before the command is killed.")] = 300.0,
+    cwd: Annotated[str | None, typer.Option(help="Working directory (default /workspace).")] = None,
+) -> None:
+    """Run a command in a sandbox; its output and exit code become this command's."""
+    command_arg: str | list[str] = command_line[0] if len(command_line) == 1 else command_line
+    with _service_client() as client:
+        result = client.attach(sandbox_id).exec(command_arg, timeout=timeout, cwd=cwd)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    if result.exit_code is None:
+        raise OrchardError(result.error or "the command could not run")
+    raise typer.Exit(result.exit_code)
+
+
+@command(sandbox_app, "ls")
+def sandbox_ls() -> None:
+    """List the service's sandboxes."""
+    with _service_client() as client:
+        rows = client.list()
+    if not rows:
+        typer.echo("no sandboxes")
+        return
+    typer.echo(f"{'ID':<14} {'STATUS':<8} {'NETWORK':<8} {'AGE':>7}  IMAGE")
+    for row in rows:
+        age = time.time() - row["created_at"]
+        network = "blocked" if row["block_network"] else "open"
+        typer.echo(f"{row['sandbox_id']:<14} {row['status']:<8} {network:<8} {age:>6.0f}s  {row['image']}")
+
+
+@command(sandbox_app, "rm")
+def sandbox_rm(sandbox_ids: Annotated[list[str], typer.Argument(help="Sandbox ids.")]) -> None:
+    """Delete sandboxes (idempotent)."""
+    with _service_client() as client:
+        for sandbox_id in sandbox_ids:
+            client.attach(sandbox_id).delete()
+            typer.echo(f"deleted {sandbox_id}")
+
+
+def main() -> None:
+    """Entry point of the `orchard` command."""
+    try:
+        app()
+    except EngineUnavailable as exc:  # raised outside a command, e.g. at import of a backend
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(1)

@@ -1,0 +1,1159 @@
+"""Orchard exec agent: a small HTTP/1.1 server that runs commands and moves files in a sandbox.
+
+The agent is injected into arbitrary, unmodified images and started by a bundled CPython with
+``-s -S``, so this file is self-contained and uses the standard library only; every module is
+imported at the top (a bundling tool computes the module closure by importing this file).
+
+Usage::
+
+    ORCHARD_AGENT_TOKEN=... python server.py --unix /run/agent.sock [--workdir /workspace]
+    ORCHARD_AGENT_TOKEN=... python server.py --tcp 0.0.0.0:7000 [--workdir /workspace]
+
+Protocol
+--------
+HTTP/1.1 with keep-alive; every response carries ``Content-Length``. Every request must carry
+``Authorization: Bearer <token>`` (missing: 401, wrong: 403). Errors are JSON
+``{"error": "<one sentence>"}``: unknown route 404, wrong method 405, malformed JSON or a field of
+the wrong type 400 (the message names the field; unknown fields are refused too), body over the
+limit 413 (JSON bodies 256 MiB, uploads 1 GiB). Relative paths and a relative ``cwd`` are
+resolved against the workdir.
+
+``GET /health``
+    ``{"status": "ok", "pid": int, "version": "1"}``.
+
+``POST /exec``
+    Body ``{"command": str | [str], "cwd": str|null, "env": {str: str}|null,
+    "timeout": number|null, "login_shell": bool, "max_output": int|null, "stdin": str|null}``.
+    A string runs as ``bash -c CMD`` (``sh -c`` in images without bash); a list is quoted with
+    ``shlex.join`` first. ``login_shell`` uses ``bash -l`` and sources ``~/.bashrc``. ``cwd``
+    defaults to the workdir (created if missing, ``/`` if it cannot be). The child's environment
+    is the agent's minus its runtime variables (``PYTHONHOME``, ``PYTHONPATH``,
+    ``LD_LIBRARY_PATH``, ``ORCHARD_AGENT_*``, ...), with a default ``PATH`` and ``HOME``, then
+    ``env`` on top. ``stdin`` is base64 (otherwise stdin is ``/dev/null``). ``max_output`` caps
+    each stream (default 8 MiB): the first and last halves are kept around a
+    ``[orchard: N bytes truncated]`` marker. On ``timeout`` (seconds) the whole process group is
+    killed, ``exit_code`` is 124 and a marker line is appended to stderr. Once the command exits,
+    output is read for at most 100 ms more, so background processes holding the pipes do not
+    hang the call (their later output is read and discarded, so they never get ``SIGPIPE``).
+    Answer (200): ``{"exit_code": int|null, "stdout": base64, "stderr": base64,
+    "stdout_bytes": int, "stderr_bytes": int, "truncated": bool, "timed_out": bool,
+    "duration": float, "error": str|null}``; ``*_bytes`` count everything produced; a signal
+    death gives ``128 + signum``; a command that cannot start gives ``exit_code`` null and
+    ``error``.
+
+``GET /files?path=P``
+    The raw bytes (``application/octet-stream``). Missing: 404; a directory: 400.
+
+``PUT /files?path=P[&mode=644]``
+    Raw body (at most 1 GiB) written atomically (temporary file, then rename); parent folders
+    are created. ``mode`` is octal; the default keeps an overwritten file's mode, else 644.
+    Answer ``{"path": abs, "size": int}``.
+
+``GET /files/list?path=P``
+    ``{"path": abs, "files": [{"name", "type": "file"|"directory", "size", "modified"}]}``
+    sorted by name (``size`` is 0 for folders, ``modified`` a Unix time); symlinks are
+    followed, a broken one is listed as a file of size 0. Missing: 404; a file: 400.
+
+``GET /archive?path=P``
+    An uncompressed tar (``application/x-tar``) of the file or folder P, named by its basename.
+    Regular files, folders and symlinks only; owners are numeric.
+
+``PUT /archive?path=DIR``
+    A tar body (at most 1 GiB) extracted into DIR (created if missing) with tarfile's ``data``
+    filter, after every member has been checked: absolute names, names or links escaping DIR
+    and device files refuse the whole archive (400). Answer ``{"path": abs, "files": int}``,
+    the number of members extracted (files, folders and links).
+
+``POST /apply_patch``
+    Body ``{"patch": str, "cwd": str|null, "timeout": number|null (default 30)}``. Runs
+    ``git apply --verbose`` (``patch -p1`` without git) in cwd. Answer ``{"success": bool,
+    "stdout": str, "stderr": str, "exit_code": int|null, "error": str|null}``.
+
+Security notes
+--------------
+The token is read from ``ORCHARD_AGENT_TOKEN`` at start-up and removed from the environment, so
+commands do not inherit it; tokens are compared in constant time. On a Unix socket the socket
+file is mode 0666: access is controlled by the token and by the mode of the host folder holding
+it. The token keeps out whoever can reach the socket or port but is not the host; it is no
+secret from the commands themselves: one running as the agent's user can still read it from
+``/proc/<agent pid>/environ``, which grants nothing it could not already do in the sandbox.
+The agent authenticates its caller, nothing more: an authenticated caller can run anything the
+agent's user can, read and write any file it can reach. It does not isolate commands from each
+other or from itself, and it offers no confidentiality on TCP (no TLS): the sandbox (container,
+network policy) is the security boundary, and a TCP port must only be published on loopback or
+a trusted network.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hmac
+import http.server
+import json
+import math
+import os
+import selectors
+import shlex
+import shutil
+import signal
+import socket
+import socketserver
+import stat
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator, Mapping
+
+TYPE_CHECKING = False  # the typing module is not imported at run time (see the module closure)
+if TYPE_CHECKING:
+    from typing import BinaryIO, NoReturn
+
+VERSION = "1"
+TOKEN_ENV = "ORCHARD_AGENT_TOKEN"
+DEFAULT_WORKDIR = "/workspace"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_HOME = "/root"
+DEFAULT_MAX_OUTPUT = 8 * 1024 * 1024
+DEFAULT_PATCH_TIMEOUT = 30.0
+MAX_JSON_BODY = 256 * 1024 * 1024
+MAX_UPLOAD_BODY = 1024 * 1024 * 1024
+MAX_DRAINED_BODY = 64 * 1024  # an unread body up to this size is skipped to keep the connection
+TIMEOUT_EXIT_CODE = 124
+EXIT_GRACE_S = 0.1  # how long output is still read once the command has exited
+KILL_WAIT_S = 5.0  # how long a killed process group may take to die before we give up
+READ_CHUNK = 1024 * 1024
+WRITE_CHUNK = 64 * 1024
+COPY_CHUNK = 1024 * 1024
+AGENT_ENV_VARS = frozenset({"PYTHONHOME", "PYTHONPATH", "LD_LIBRARY_PATH", "PYTHONUTF8", "PYTHONDONTWRITEBYTECODE"})
+AGENT_ENV_PREFIX = "ORCHARD_AGENT_"
+BASH_PATHS = ("/bin/bash", "/usr/bin/bash")
+SH_PATH = "/bin/sh"
+
+ROUTES: dict[str, dict[str, str]] = {
+    "/health": {"GET": "route_health"},
+    "/exec": {"POST": "route_exec"},
+    "/files": {"GET": "route_get_file", "PUT": "route_put_file"},
+    "/files/list": {"GET": "route_list_files"},
+    "/archive": {"GET": "route_get_archive", "PUT": "route_put_archive"},
+    "/apply_patch": {"POST": "route_apply_patch"},
+}
+EXEC_FIELDS = frozenset({"command", "cwd", "env", "timeout", "login_shell", "max_output", "stdin"})
+PATCH_FIELDS = frozenset({"patch", "cwd", "timeout"})
+
+
+class ApiError(Exception):
+    """An error answered to the client as ``{"error": message}`` with an HTTP status."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+# -- configuration -------------------------------------------------------------------------
+
+
+class Shell:
+    """The shell commands run under, detected once at start-up."""
+
+    __slots__ = ("is_bash", "path")
+
+    def __init__(self, path: str | None, is_bash: bool) -> None:
+        self.path = path
+        self.is_bash = is_bash
+
+    @classmethod
+    def detect(cls) -> Shell:
+        for path in BASH_PATHS:
+            if os.access(path, os.X_OK):
+                return cls(path, True)
+        if os.access(SH_PATH, os.X_OK):
+            return cls(SH_PATH, False)
+        return cls(None, False)
+
+    def argv(self, script: str, login: bool) -> list[str]:
+        """The argv running ``script``; raises ``FileNotFoundError`` without any shell."""
+        if self.path is None:
+            raise FileNotFoundError("no shell found (looked for /bin/bash, /usr/bin/bash, /bin/sh)")
+        if not login:
+            return [self.path, "-c", script]
+        if self.is_bash:
+            return [self.path, "-l", "-c", f"source ~/.bashrc 2>/dev/null\n{script}"]
+        return [self.path, "-l", "-c", script]
+
+
+class AgentConfig:
+    """What every request handler needs: token, workdir, shell and the base child environment."""
+
+    def __init__(
+        self,
+        token: str,
+        workdir: str = DEFAULT_WORKDIR,
+        shell: Shell | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        if not token:
+            raise ValueError("the agent token must not be empty")
+        self.token = token.encode()
+        self.workdir = os.path.abspath(workdir)
+        self.shell = shell or Shell.detect()
+        self.base_env = child_environment(os.environ if environ is None else environ)
+
+    def resolve(self, path: str) -> str:
+        """An absolute, normalised path; relative paths are relative to the workdir."""
+        return os.path.normpath(os.path.join(self.workdir, path))
+
+    def default_cwd(self) -> str:
+        """The workdir, created if missing; ``/`` if it cannot be created."""
+        try:
+            os.makedirs(self.workdir, exist_ok=True)
+        except OSError:
+            return "/"
+        return self.workdir if os.path.isdir(self.workdir) else "/"
+
+
+def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The agent's environment without its own runtime variables, with PATH and HOME set."""
+    env = {
+        key: value
+        for key, value in environ.items()
+        if key not in AGENT_ENV_VARS and not key.startswith(AGENT_ENV_PREFIX)  # the token too
+    }
+    env.setdefault("PATH", DEFAULT_PATH)
+    env.setdefault("HOME", DEFAULT_HOME)
+    return env
+
+
+# -- running processes ---------------------------------------------------------------------
+
+
+class Capture:
+    """Collects one output stream, keeping its first and last ``limit / 2`` bytes."""
+
+    __slots__ = ("head", "head_limit", "tail", "tail_limit", "total")
+
+    def __init__(self, limit: int) -> None:
+        self.head_limit = limit - limit // 2
+        self.tail_limit = limit // 2
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk and self.tail_limit:
+            self.tail += chunk
+            if len(self.tail) > 2 * self.tail_limit:
+                del self.tail[: -self.tail_limit]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.head_limit + self.tail_limit
+
+    def value(self) -> bytes:
+        if not self.truncated:
+            return bytes(self.head + self.tail)
+        tail = self.tail[-self.tail_limit :] if self.tail_limit else b""
+        dropped = self.total - len(self.head) - len(tail)
+        return b"".join((self.head, f"\n[orchard: {dropped} bytes truncated]\n".encode(), tail))
+
+
+class ProcessResult:
+    """The outcome of one process run."""
+
+    __slots__ = ("duration", "error", "exit_code", "stderr", "stdout", "timed_out")
+
+    def __init__(
+        self,
+        stdout: Capture,
+        stderr: Capture,
+        exit_code: int | None = None,
+        timed_out: bool = False,
+        duration: float = 0.0,
+        error: str | None = None,
+    ) -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+        self.exit_code = exit_code
+        self.timed_out = timed_out
+        self.duration = duration
+        self.error = error
+
+    def stderr_value(self, timeout: float | None) -> bytes:
+        """Captured stderr, with the time-out marker line when the command timed out."""
+        value = self.stderr.value()
+        if self.timed_out:
+            value += f"\n[orchard: command timed out after {timeout:g} s]\n".encode()
+        return value
+
+
+def run_process(
+    argv: list[str],
+    *,
+    cwd: str,
+    env: dict[str, str],
+    stdin: bytes | None = None,
+    timeout: float | None = None,
+    max_output: int = DEFAULT_MAX_OUTPUT,
+) -> ProcessResult:
+    """Run argv in its own session, capturing output without polling; kill the group on timeout."""
+    start = time.monotonic()
+    result = ProcessResult(Capture(max_output), Capture(max_output))
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    in_r, in_w = os.pipe() if stdin is not None else (subprocess.DEVNULL, -1)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=in_r,
+            stdout=out_w,
+            stderr=err_w,
+            start_new_session=True,
+        )
+    except BaseException as exc:
+        for fd in (out_r, err_r, in_w):
+            _close(fd)
+        if not isinstance(exc, OSError):
+            raise
+        result.error = f"could not start {argv[0]}: {exc.strerror or exc}"
+        return result
+    finally:
+        for fd in (out_w, err_w, in_r):
+            _close(fd)
+    streams = {out_r: result.stdout, err_r: result.stderr}
+    exited, result.timed_out = _pump(proc, streams, in_w, stdin or b"", timeout)
+    if exited:
+        code = proc.wait()
+        result.exit_code = 128 - code if code < 0 else code
+    if result.timed_out:
+        result.exit_code = TIMEOUT_EXIT_CODE
+    result.duration = time.monotonic() - start
+    return result
+
+
+def _pump(
+    proc: subprocess.Popen[bytes],
+    streams: dict[int, Capture],
+    stdin_fd: int,
+    stdin: bytes,
+    timeout: float | None,
+) -> tuple[bool, bool]:
+    """Move data between the child's pipes and the captures; return ``(exited, timed_out)``.
+
+    The loop ends when both pipes reached EOF and the child exited; once it exited, pipes still
+    held open (by background processes) are read for at most ``EXIT_GRACE_S`` more, then handed
+    to a thread that discards their output.
+    """
+    selector = selectors.DefaultSelector()
+    exit_fd = _exit_watch(proc)
+    selector.register(exit_fd, selectors.EVENT_READ)
+    for fd in streams:
+        selector.register(fd, selectors.EVENT_READ)
+    pending: memoryview | None = memoryview(stdin)
+    if stdin_fd >= 0:
+        os.set_blocking(stdin_fd, False)
+        selector.register(stdin_fd, selectors.EVENT_WRITE)
+    open_streams = dict(streams)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    exited = timed_out = False
+    try:
+        while open_streams or not exited:
+            if deadline is not None and time.monotonic() >= deadline:
+                if exited or timed_out:
+                    break
+                timed_out = True
+                _kill_group(proc.pid)
+                deadline = time.monotonic() + KILL_WAIT_S
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            for key, _ in selector.select(wait):
+                fd = key.fd
+                if fd == exit_fd:
+                    selector.unregister(fd)
+                    exited = True
+                    deadline = time.monotonic() + EXIT_GRACE_S
+                elif fd == stdin_fd and pending is not None:
+                    pending = _feed_stdin(selector, fd, pending)
+                else:
+                    chunk = os.read(fd, READ_CHUNK)
+                    if chunk:
+                        open_streams[fd].feed(chunk)
+                    else:
+                        selector.unregister(fd)
+                        del open_streams[fd]
+                        os.close(fd)
+    finally:
+        selector.close()
+        os.close(exit_fd)
+        if stdin_fd >= 0 and pending is not None:
+            _close(stdin_fd)
+        if open_streams:
+            _discard_in_background(list(open_streams))
+    return exited, timed_out
+
+
+def _feed_stdin(selector: selectors.BaseSelector, fd: int, pending: memoryview) -> memoryview | None:
+    """Write the next chunk of stdin; close the pipe when done or when the child closed it."""
+    try:
+        written = os.write(fd, pending[:WRITE_CHUNK])
+    except BlockingIOError:
+        return pending
+    except OSError:  # BrokenPipeError: the child does not read its stdin
+        written = len(pending)
+    pending = pending[written:]
+    if pending:
+        return pending
+    selector.unregister(fd)
+    os.close(fd)
+    return None
+
+
+def _exit_watch(proc: subprocess.Popen[bytes]) -> int:
+    """A file descriptor that becomes readable when the process exits (it is not reaped)."""
+    try:
+        return os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd (old kernel, gVisor): a thread waits instead
+        read_fd, write_fd = os.pipe()
+
+        def wait() -> None:
+            proc.wait()
+            os.close(write_fd)
+
+        threading.Thread(target=wait, name=f"wait-{proc.pid}", daemon=True).start()
+        return read_fd
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _discard_in_background(fds: list[int]) -> None:
+    """Read and drop what background processes still write, so they never get SIGPIPE."""
+
+    def drain() -> None:
+        with selectors.DefaultSelector() as selector:
+            for fd in fds:
+                selector.register(fd, selectors.EVENT_READ)
+            remaining = len(fds)
+            while remaining:
+                for key, _ in selector.select():
+                    if not os.read(key.fd, READ_CHUNK):
+                        selector.unregister(key.fd)
+                        os.close(key.fd)
+                        remaining -= 1
+
+    threading.Thread(target=drain, name="discard-output", daemon=True).start()
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        os.close(fd)
+
+
+# -- request validation --------------------------------------------------------------------
+
+
+def parse_json_object(raw: bytes, allowed: frozenset[str]) -> dict[str, object]:
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:  # includes UnicodeDecodeError
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ApiError(400, f"unknown field: {unknown[0]} (allowed: {', '.join(sorted(allowed))})")
+    return data
+
+
+def field_command(data: dict[str, object]) -> str:
+    """The ``command`` field as one shell script (a list is quoted with shlex.join)."""
+    command = data.get("command")
+    if isinstance(command, list) and command and all(isinstance(a, str) for a in command):
+        script = shlex.join(command)
+    elif isinstance(command, str):
+        script = command
+    else:
+        raise ApiError(400, "command must be a string or a non-empty list of strings")
+    if "\0" in script:
+        raise ApiError(400, "command must not contain NUL characters")
+    return script
+
+
+def field_str(data: dict[str, object], name: str) -> str | None:
+    value = data.get(name)
+    if value is not None and not isinstance(value, str):
+        raise ApiError(400, f"{name} must be a string or null")
+    if value is not None and "\0" in value:
+        raise ApiError(400, f"{name} must not contain NUL characters")
+    return value
+
+
+def field_bool(data: dict[str, object], name: str) -> bool:
+    value = data.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"{name} must be true or false")
+    return bool(value)
+
+
+def field_timeout(data: dict[str, object], name: str = "timeout") -> float | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ApiError(400, f"{name} must be a positive number of seconds or null")
+    if not (value > 0 and math.isfinite(value)):
+        raise ApiError(400, f"{name} must be a positive number of seconds or null")
+    return float(value)
+
+
+def field_max_output(data: dict[str, object]) -> int:
+    value = data.get("max_output")
+    if value is None:
+        return DEFAULT_MAX_OUTPUT
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ApiError(400, "max_output must be a non-negative integer (bytes) or null")
+    return value
+
+
+def field_env(data: dict[str, object]) -> dict[str, str]:
+    env = data.get("env")
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        raise ApiError(400, "env must be an object mapping names to string values")
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key:
+            raise ApiError(400, f"env key {key!r} is not a valid variable name")
+        if not isinstance(value, str) or "\0" in value:
+            raise ApiError(400, f"env[{key!r}] must be a string without NUL characters")
+    return env
+
+
+def field_stdin(data: dict[str, object]) -> bytes | None:
+    value = field_str(data, "stdin")
+    if value is None:
+        return None
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError:
+        raise ApiError(400, "stdin must be base64-encoded") from None
+
+
+def parse_mode(raw: str | None) -> int | None:
+    """An octal file mode like ``644`` or ``0o644``."""
+    if raw is None:
+        return None
+    try:
+        mode = int(raw.removeprefix("0o"), 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o7777:
+        raise ApiError(400, f"mode must be an octal file mode like 644, not {raw!r}")
+    return mode
+
+
+# -- files and archives --------------------------------------------------------------------
+
+
+def list_entry(entry: os.DirEntry[str]) -> dict[str, object]:
+    """One listing row; symlinks are followed, a broken one is a file of size 0."""
+    try:
+        st = entry.stat()
+    except OSError:
+        try:
+            modified = entry.stat(follow_symlinks=False).st_mtime
+        except OSError:  # removed while we were listing
+            modified = 0.0
+        return {"name": entry.name, "type": "file", "size": 0, "modified": modified}
+    is_dir = stat.S_ISDIR(st.st_mode)
+    return {
+        "name": entry.name,
+        "type": "directory" if is_dir else "file",
+        "size": 0 if is_dir else st.st_size,
+        "modified": st.st_mtime,
+    }
+
+
+def tar_members(path: str, arcname: str) -> Iterator[tuple[tarfile.TarInfo, str]]:
+    """Tar headers of path and, for a folder, everything below it (no owner-name lookups)."""
+    info = _tar_info(path, arcname)
+    if info is None:
+        return
+    yield info, path
+    if not info.isdir():
+        return
+    for name in sorted(os.listdir(path)):
+        yield from tar_members(os.path.join(path, name), f"{arcname}/{name}")
+
+
+def _tar_info(path: str, arcname: str) -> tarfile.TarInfo | None:
+    st = os.lstat(path)
+    info = tarfile.TarInfo(arcname)
+    info.mode = stat.S_IMODE(st.st_mode)
+    info.uid, info.gid, info.mtime = st.st_uid, st.st_gid, int(st.st_mtime)
+    if stat.S_ISREG(st.st_mode):
+        info.size = st.st_size
+    elif stat.S_ISDIR(st.st_mode):
+        info.type = tarfile.DIRTYPE
+    elif stat.S_ISLNK(st.st_mode):
+        info.type, info.linkname = tarfile.SYMTYPE, os.readlink(path)
+    else:
+        return None  # sockets, fifos and devices are skipped
+    return info
+
+
+def write_tar(path: str, out: BinaryIO) -> None:
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, source in tar_members(path, os.path.basename(path) or "root"):
+            if info.isreg():
+                with open(source, "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+
+
+def extract_tar(source: BinaryIO, dest: str) -> int:
+    """Extract a tar into dest if every member is safe; return the number of members."""
+    try:
+        with tarfile.open(fileobj=source, mode="r:*") as tar:
+            members = check_tar_members(tar, dest)
+            tar.extractall(dest, members=members, filter="data")
+    except tarfile.TarError as exc:  # FilterError is raised as ApiError before extraction
+        raise ApiError(400, f"the body is not a valid tar archive: {exc}") from None
+    return len(members)
+
+
+def check_tar_members(tar: tarfile.TarFile, dest: str) -> list[tarfile.TarInfo]:
+    """Every member, after refusing absolute names and what the ``data`` filter refuses."""
+    members = tar.getmembers()
+    for member in members:
+        if member.name.startswith("/"):
+            raise ApiError(400, f"archive member {member.name!r} has an absolute path")
+        try:
+            tarfile.data_filter(member, dest)
+        except tarfile.FilterError as exc:
+            raise ApiError(400, f"archive member refused: {exc}") from None
+    return members
+
+
+# -- HTTP ----------------------------------------------------------------------------------
+
+
+class AgentHandler(http.server.BaseHTTPRequestHandler):
+    """One connection; requests are dispatched through ``ROUTES`` to ``route_*`` methods."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = f"orchard-agent/{VERSION}"
+    server: AgentServer
+
+    _unread: int | None = 0
+    _responded = False
+    _query: dict[str, list[str]]
+
+    # http.server entry points -----------------------------------------------------------
+
+    def do_GET(self) -> None:
+        self.dispatch()
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_GET
+
+    def log_message(self, format: str, *args: object) -> None:
+        """No request logging."""
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Errors raised by http.server itself (bad request line, ...), as JSON."""
+        self.close_connection = True
+        reason = message or self.responses.get(code, ("request failed",))[0]
+        self.send_json(int(code), {"error": reason})
+
+    # dispatch ---------------------------------------------------------------------------
+
+    def dispatch(self) -> None:
+        self._responded = False
+        self._unread = self._declared_length()
+        try:
+            url = urllib.parse.urlsplit(self.path)
+            self._query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
+            self.check_auth()
+            getattr(self, self._route(url.path))()
+        except ApiError as exc:
+            self.send_api_error(exc)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except PermissionError as exc:
+            self.send_api_error(ApiError(403, f"permission denied: {exc.filename or exc}"))
+        except Exception as exc:
+            self.send_api_error(ApiError(500, f"internal error: {type(exc).__name__}: {exc}"))
+
+    def _route(self, path: str) -> str:
+        methods = ROUTES.get(path)
+        if methods is None:
+            raise ApiError(404, f"no such route: {path}")
+        name = methods.get(self.command)
+        if name is None:
+            allowed = ", ".join(methods)
+            raise ApiError(405, f"{self.command} is not allowed on {path}; use {allowed}", {"Allow": allowed})
+        return name
+
+    def check_auth(self) -> None:
+        header = self.headers.get("Authorization")
+        scheme, _, token = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(
+                401,
+                "missing bearer token: send 'Authorization: Bearer <token>'",
+                {"WWW-Authenticate": "Bearer"},
+            )
+        if not hmac.compare_digest(token.strip().encode(), self.server.agent.token):
+            raise ApiError(403, "the bearer token is wrong")
+
+    # request helpers --------------------------------------------------------------------
+
+    def _declared_length(self) -> int | None:
+        """The body length announced by the client; None if unknown (chunked or invalid)."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            return None
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            return 0
+        try:
+            length = int(raw)
+        except ValueError:
+            return None
+        return length if length >= 0 else None
+
+    def body_length(self, limit: int, required: bool = False) -> int:
+        if self._unread is None:
+            raise ApiError(411, "send the body with a valid Content-Length (chunked is unsupported)")
+        if required and self.headers.get("Content-Length") is None:
+            raise ApiError(411, "the Content-Length header is required")
+        if self._unread > limit:
+            raise ApiError(413, f"request body is {self._unread} bytes; the limit is {limit}")
+        return self._unread
+
+    def read_body(self, limit: int) -> bytes:
+        length = self.body_length(limit)
+        body = self.rfile.read(length) if length else b""
+        self._unread = 0
+        if len(body) < length:
+            self.close_connection = True
+            raise ApiError(400, f"request body ended after {len(body)} of {length} bytes")
+        return body
+
+    def copy_body(self, out: BinaryIO, limit: int) -> int:
+        """Stream the body (Content-Length required) into the binary file ``out``."""
+        length = remaining = self.body_length(limit, required=True)
+        self._unread = None  # until fully read, the connection cannot be reused
+        while remaining:
+            chunk = self.rfile.read(min(remaining, COPY_CHUNK))
+            if not chunk:
+                self.close_connection = True
+                raise ApiError(400, f"request body ended after {length - remaining} of {length} bytes")
+            out.write(chunk)
+            remaining -= len(chunk)
+        self._unread = 0
+        return length
+
+    def read_json(self, allowed: frozenset[str]) -> dict[str, object]:
+        return parse_json_object(self.read_body(MAX_JSON_BODY), allowed)
+
+    def param(self, name: str) -> str | None:
+        values = self._query.get(name)
+        return values[-1] if values else None
+
+    def path_param(self) -> str:
+        raw = self.param("path")
+        if not raw:
+            raise ApiError(400, "the path query parameter is required and must not be empty")
+        if "\0" in raw:
+            raise ApiError(400, "path must not contain NUL characters")
+        return self.server.agent.resolve(raw)
+
+    def resolve_cwd(self, cwd: str | None) -> str:
+        if cwd is None:
+            return self.server.agent.default_cwd()
+        path = self.server.agent.resolve(cwd)
+        if not os.path.exists(path):
+            raise ApiError(400, f"cwd does not exist: {path}")
+        if not os.path.isdir(path):
+            raise ApiError(400, f"cwd is not a directory: {path}")
+        return path
+
+    # response helpers -------------------------------------------------------------------
+
+    def _head(self, status: int, content_type: str, length: int, headers: dict[str, str]) -> bytes:
+        reason = self.responses.get(status, ("",))[0]
+        lines = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {content_type}"]
+        lines.append(f"Content-Length: {length}")
+        lines.extend(f"{name}: {value}" for name, value in headers.items())
+        if self.close_connection:
+            lines.append("Connection: close")
+        self._responded = True
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    def send_bytes(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        head = self._head(status, content_type, len(body), headers or {})
+        self.wfile.write(head if self.command == "HEAD" else head + body)
+
+    def send_json(self, status: int, obj: object, headers: dict[str, str] | None = None) -> None:
+        body = json.dumps(obj, separators=(",", ":")).encode()
+        self.send_bytes(status, body, "application/json", headers)
+
+    def send_file(self, f: BinaryIO, size: int, content_type: str) -> None:
+        self.wfile.write(self._head(200, content_type, size, {}))
+        if size and self.connection.sendfile(f, 0, size) < size:
+            self.close_connection = True  # the file shrank: the response is cut short
+
+    def send_api_error(self, exc: ApiError) -> None:
+        if self._responded:  # failed mid-response: the only honest signal left is to hang up
+            self.close_connection = True
+            return
+        self._skip_unread_body()
+        self.send_json(exc.status, {"error": exc.message}, exc.headers)
+
+    def _skip_unread_body(self) -> None:
+        """Consume a small unread body so the connection stays usable; else close it."""
+        if self._unread is None or self._unread > MAX_DRAINED_BODY:
+            self.close_connection = True
+        elif self._unread:
+            if len(self.rfile.read(self._unread)) < self._unread:
+                self.close_connection = True
+            self._unread = 0
+
+    # routes -----------------------------------------------------------------------------
+
+    def route_health(self) -> None:
+        self.send_json(200, {"status": "ok", "pid": os.getpid(), "version": VERSION})
+
+    def route_exec(self) -> None:
+        data = self.read_json(EXEC_FIELDS)
+        script = field_command(data)
+        cwd, env = field_str(data, "cwd"), field_env(data)
+        timeout, login = field_timeout(data), field_bool(data, "login_shell")
+        max_output, stdin = field_max_output(data), field_stdin(data)
+        agent = self.server.agent
+        try:
+            argv = agent.shell.argv(script, login)
+        except FileNotFoundError as exc:
+            self.send_json(200, exec_answer(ProcessResult(Capture(0), Capture(0), error=str(exc))))
+            return
+        result = run_process(
+            argv,
+            cwd=self.resolve_cwd(cwd),
+            env={**agent.base_env, **env},
+            stdin=stdin,
+            timeout=timeout,
+            max_output=max_output,
+        )
+        self.send_json(200, exec_answer(result, timeout))
+
+    def route_get_file(self) -> None:
+        path = self.path_param()
+        st = stat_or_404(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise ApiError(400, f"is a directory: {path}")
+        if not stat.S_ISREG(st.st_mode):
+            raise ApiError(400, f"not a regular file: {path}")
+        with open_or_error(path) as f:
+            self.send_file(f, os.fstat(f.fileno()).st_size, "application/octet-stream")
+
+    def route_put_file(self) -> None:
+        path = self.path_param()
+        mode = parse_mode(self.param("mode"))
+        self.body_length(MAX_UPLOAD_BODY, required=True)
+        if os.path.isdir(path):
+            raise ApiError(400, f"is a directory: {path}")
+        parent = os.path.dirname(path)
+        make_dirs(parent)
+        if mode is None:
+            mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.isfile(path) else 0o644
+        fd, temp = tempfile.mkstemp(dir=parent, prefix=".orchard-upload-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                size = self.copy_body(f, MAX_UPLOAD_BODY)
+            os.chmod(temp, mode)
+            os.replace(temp, path)
+        except BaseException:
+            os.unlink(temp)
+            raise
+        self.send_json(200, {"path": path, "size": size})
+
+    def route_list_files(self) -> None:
+        path = self.path_param()
+        st = stat_or_404(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise ApiError(400, f"not a directory: {path}")
+        try:
+            with os.scandir(path) as entries:
+                files = sorted((list_entry(e) for e in entries), key=lambda f: str(f["name"]))
+        except PermissionError:
+            raise ApiError(403, f"permission denied: {path}") from None
+        self.send_json(200, {"path": path, "files": files})
+
+    def route_get_archive(self) -> None:
+        path = self.path_param()
+        if not os.path.lexists(path):
+            raise ApiError(404, f"no such file or directory: {path}")
+        with tempfile.TemporaryFile() as spool:
+            try:
+                write_tar(path, spool)
+            except PermissionError as exc:
+                raise ApiError(403, f"permission denied: {exc.filename}") from None
+            size = spool.tell()
+            spool.seek(0)
+            self.send_file(spool, size, "application/x-tar")
+
+    def route_put_archive(self) -> None:
+        dest = self.path_param()
+        self.body_length(MAX_UPLOAD_BODY, required=True)
+        make_dirs(dest)
+        with tempfile.TemporaryFile(dir=dest) as spool:
+            self.copy_body(spool, MAX_UPLOAD_BODY)
+            spool.seek(0)
+            count = extract_tar(spool, dest)
+        self.send_json(200, {"path": dest, "files": count})
+
+    def route_apply_patch(self) -> None:
+        data = self.read_json(PATCH_FIELDS)
+        patch = field_str(data, "patch")
+        if patch is None:
+            raise ApiError(400, "patch must be a string")
+        cwd = self.resolve_cwd(field_str(data, "cwd"))
+        timeout = field_timeout(data) or DEFAULT_PATCH_TIMEOUT
+        self.send_json(200, apply_patch(patch, cwd, timeout, self.server.agent.base_env))
+
+
+def exec_answer(result: ProcessResult, timeout: float | None = None) -> dict[str, object]:
+    return {
+        "exit_code": result.exit_code,
+        "stdout": base64.b64encode(result.stdout.value()).decode("ascii"),
+        "stderr": base64.b64encode(result.stderr_value(timeout)).decode("ascii"),
+        "stdout_bytes": result.stdout.total,
+        "stderr_bytes": result.stderr.total,
+        "truncated": result.stdout.truncated or result.stderr.truncated,
+        "timed_out": result.timed_out,
+        "duration": round(result.duration, 6),
+        "error": result.error,
+    }
+
+
+def apply_patch(patch: str, cwd: str, timeout: float, env: dict[str, str]) -> dict[str, object]:
+    """Apply a unified diff with ``git apply`` (``patch -p1`` without git) in cwd."""
+    search_path = env.get("PATH", DEFAULT_PATH)
+    git, patch_tool = shutil.which("git", path=search_path), shutil.which("patch", path=search_path)
+    if git is None and patch_tool is None:
+        return {
+            "success": False, "stdout": "", "stderr": "", "exit_code": None,
+            "error": "neither git nor patch is installed in the sandbox",
+        }  # fmt: skip
+    fd, temp = tempfile.mkstemp(prefix="orchard-patch-", suffix=".diff")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(patch if patch.endswith("\n") else patch + "\n")
+        argv = [git, "apply", "--verbose", temp] if git else [str(patch_tool), "-p1", "-i", temp]
+        result = run_process(argv, cwd=cwd, env=env, timeout=timeout)
+    finally:
+        os.unlink(temp)
+    error = result.error
+    if result.timed_out:
+        error = f"{os.path.basename(argv[0])} timed out after {timeout:g} s"
+    return {
+        "success": result.exit_code == 0 and error is None,
+        "stdout": result.stdout.value().decode("utf-8", "replace"),
+        "stderr": result.stderr.value().decode("utf-8", "replace"),
+        "exit_code": result.exit_code,
+        "error": error,
+    }
+
+
+def stat_or_404(path: str) -> os.stat_result:
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ApiError(404, f"no such file or directory: {path}") from None
+    except PermissionError:
+        raise ApiError(403, f"permission denied: {path}") from None
+
+
+def open_or_error(path: str) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except PermissionError:
+        raise ApiError(403, f"permission denied: {path}") from None
+    except FileNotFoundError:
+        raise ApiError(404, f"no such file or directory: {path}") from None
+
+
+def make_dirs(path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ApiError(400, f"not a directory: {path} (or one of its parents)") from None
+    except PermissionError:
+        raise ApiError(403, f"permission denied: {path}") from None
+
+
+# -- servers -------------------------------------------------------------------------------
+
+
+class AgentServer(socketserver.ThreadingMixIn, socketserver.BaseServer):
+    """Shared behaviour of the Unix and TCP servers: a thread per connection, quiet errors."""
+
+    daemon_threads = True
+    request_queue_size = 128
+    agent: AgentConfig
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, ConnectionError | TimeoutError):
+            print(f"orchard-agent: connection failed: {exc!r}", file=sys.stderr)
+
+
+class UnixAgentServer(AgentServer, socketserver.UnixStreamServer):
+    """Listens on a Unix socket."""
+
+
+class TCPAgentServer(AgentServer, socketserver.TCPServer):
+    """Listens on TCP, with Nagle's algorithm off on every connection."""
+
+    allow_reuse_address = True
+
+    def get_request(self) -> tuple[socket.socket, object]:
+        conn, address = self.socket.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn, address
+
+
+class TCP6AgentServer(TCPAgentServer):
+    """Listens on TCP over IPv6."""
+
+    address_family = socket.AF_INET6
+
+
+def make_server(config: AgentConfig, *, unix: str | None = None, tcp: tuple[str, int] | None = None) -> AgentServer:
+    """A bound, listening server (not yet serving). Exactly one of ``unix`` and ``tcp``."""
+    if (unix is None) == (tcp is None):
+        raise ValueError("give exactly one of unix= and tcp=")
+    server: AgentServer
+    if unix is not None:
+        server = _bind_unix(unix)
+    else:
+        assert tcp is not None
+        host = tcp[0].strip("[]")
+        server_class = TCP6AgentServer if ":" in host else TCPAgentServer
+        server = server_class((host, tcp[1]), AgentHandler)
+    server.agent = config
+    return server
+
+
+def _bind_unix(path: str) -> UnixAgentServer:
+    """Bind and listen on a temporary name, chmod 0666, then rename it onto ``path``.
+
+    The rename replaces a stale socket from an earlier run, and clients waiting for ``path`` to
+    appear always find a listening socket with its final mode.
+    """
+    temp = f"{path}.new"
+    _remove_socket(temp)
+    server = UnixAgentServer(temp, AgentHandler)
+    try:
+        os.chmod(temp, 0o666)
+        os.replace(temp, path)
+    except OSError:
+        server.server_close()
+        _remove_socket(temp)
+        raise
+    server.server_address = path
+    return server
+
+
+def serve(config: AgentConfig, *, unix: str | None = None, tcp: tuple[str, int] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then remove the Unix socket file."""
+    server = make_server(config, unix=unix, tcp=tcp)
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+    try:
+        server.serve_forever(poll_interval=None)  # type: ignore[arg-type]
+    finally:
+        server.server_close()
+        if unix is not None:
+            _remove_socket(unix)
+
+
+def _remove_socket(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+# -- command line --------------------------------------------------------------------------
+
+USAGE = "usage: server.py (--unix PATH | --tcp HOST:PORT) [--workdir DIR]"
+
+
+def parse_args(argv: list[str]) -> dict[str, str]:
+    """``--unix``, ``--tcp`` and ``--workdir`` (``--name value`` or ``--name=value``)."""
+    options: dict[str, str] = {}
+    args = iter(argv)
+    for arg in args:
+        if arg in ("-h", "--help"):
+            print(USAGE)
+            raise SystemExit(0)
+        name, has_value, value = arg.partition("=")
+        if name not in ("--unix", "--tcp", "--workdir"):
+            fail(f"unknown argument {arg!r}")
+        if not has_value:
+            value = next(args, "")
+        if not value:
+            fail(f"{name} needs a value")
+        options[name[2:]] = value
+    if ("unix" in options) == ("tcp" in options):
+        fail("give exactly one of --unix and --tcp")
+    return options
+
+
+def parse_tcp(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        fail(f"--tcp must be HOST:PORT, not {address!r}")
+    return host, int(port)
+
+
+def fail(message: str) -> NoReturn:
+    print(f"orchard-agent: {message}\n{USAGE}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the agent: read (and remove) the token, bind, serve until SIGTERM or SIGINT."""
+    options = parse_args(sys.argv[1:] if argv is None else argv)
+    token = os.environ.pop(TOKEN_ENV, "")
+    if not token:
+        fail(f"{TOKEN_ENV} is not set: the agent refuses to start without a token")
+    config = AgentConfig(token, options.get("workdir", DEFAULT_WORKDIR))
+    tcp = parse_tcp(options["tcp"]) if "tcp" in options else None
+    try:
+        serve(config, unix=options.get("unix"), tcp=tcp)
+    except OSError as exc:
+        print(f"orchard-agent: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

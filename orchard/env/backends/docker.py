@@ -1,0 +1,229 @@
+"""The local Docker engine as a sandbox backend.
+
+Each sandbox is one container of an unmodified image. The exec agent is injected, never baked
+in: the agent bundle (see `orchard.env.bundle`) is bind-mounted read-only at `/.orchard` and is
+the container's command, run under Docker's init (which reaps orphans). A per-sandbox host folder
+is bind-mounted at `/.orchard-run`; the agent listens on a Unix socket there, so the host reaches
+it without any network, even with `--network none`. The Docker API is used to create, inspect and
+delete, never to run commands.
+
+Security profile of every container: all capabilities dropped, `no-new-privileges`, a pids limit,
+optional cpu/memory limits, optional runtime (`runsc` for gVisor). Network `blocked` means
+`--network none` (loopback only); `open` means the default bridge.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchard.config import settings
+from orchard.env.backends.base import (
+    LABEL_PREFIX,
+    AgentEndpoint,
+    BackendSandbox,
+    SandboxSpec,
+    SandboxState,
+    labels_for,
+)
+from orchard.errors import ConfigError, EngineUnavailable, NotFound, SandboxError
+
+AGENT_MOUNT = "/.orchard"
+RUN_MOUNT = "/.orchard-run"
+AGENT_PORT = 7000
+
+
+class DockerConfig(BaseModel):
+    """Sandboxes as containers of a Docker engine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["docker"] = "docker"
+    base_url: str | None = Field(default=None, description="Engine address; default: DOCKER_HOST or the local socket.")
+    runtime: str | None = Field(
+        default=None, description="OCI runtime, e.g. `runsc` for gVisor; default: the engine's."
+    )
+    route: Literal["auto", "socket", "port"] = Field(
+        default="auto",
+        description="How the host reaches the agent: a Unix socket in a bind-mounted folder, or a "
+        "published loopback port where sockets cannot cross (Docker Desktop's VM). `auto` picks.",
+    )
+    timeout: float = Field(default=300.0, description="Seconds to wait for one Docker API call.")
+
+    def build(self) -> DockerBackend:
+        """Connect to the engine (the docker package is imported only now)."""
+        return DockerBackend(self)
+
+
+class DockerBackend:
+    """Lifecycle of sandbox containers in one Docker engine. Thread-safe."""
+
+    name = "docker"
+
+    def __init__(self, config: DockerConfig | None = None):
+        import docker
+        from docker.errors import DockerException
+
+        from orchard.env.bundle import build_bundle
+
+        self.config = config or DockerConfig()
+        options = {"version": "auto", "timeout": int(self.config.timeout), "max_pool_size": 64}
+        try:
+            if self.config.base_url:
+                self._api = docker.DockerClient(base_url=self.config.base_url, **options).api
+            else:
+                self._api = docker.from_env(**options).api
+            info = self._api.info()
+        except DockerException as exc:
+            raise EngineUnavailable(
+                f"cannot reach the Docker engine ({_first_line(exc)}); start it (`./dev engine` or `dockerd &`)"
+            ) from None
+        self.route = self.config.route
+        if self.route == "auto":
+            self.route = "port" if info.get("OperatingSystem") == "Docker Desktop" else "socket"
+        self.bundle = build_bundle()
+        self._run_root = settings().run_dir
+        self._run_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock = threading.Lock()
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def create(self, sandbox_id: str, spec: SandboxSpec, token: str) -> AgentEndpoint:
+        """Create and start the container; the agent answers shortly after this returns."""
+        from docker.errors import APIError, ImageNotFound
+
+        if self.route == "port" and spec.network == "blocked":
+            raise ConfigError(
+                "network 'blocked' needs the socket route; this engine only allows a published "
+                "port (Docker Desktop): create the sandbox with network 'open'"
+            )
+        run_dir = self._run_root / sandbox_id
+        run_dir.mkdir(mode=0o777, exist_ok=True)
+        run_dir.chmod(0o777)  # the image's own user, whoever it is, creates the socket here
+        try:
+            container = self._api.create_container(
+                spec.image,
+                entrypoint=self._agent_argv(spec),
+                name=f"orchard-{sandbox_id}",
+                labels=labels_for(sandbox_id, spec),
+                environment={
+                    **spec.env,
+                    **self.bundle.environment(AGENT_MOUNT),
+                    "ORCHARD_AGENT_TOKEN": token,
+                },
+                host_config=self._host_config(run_dir, spec),
+                ports=[AGENT_PORT] if self.route == "port" else None,
+                detach=True,
+            )
+            self._api.start(container["Id"])
+        except ImageNotFound:
+            self._forget(sandbox_id)
+            raise NotFound(
+                f"image {spec.image!r} not found in the Docker engine; build it "
+                "(`orchard image build-base`) or pull it where a registry is reachable"
+            ) from None
+        except APIError as exc:
+            self.delete(sandbox_id)
+            raise SandboxError(f"Docker could not start {spec.image!r}: {_first_line(exc)}") from None
+        if self.route == "port":
+            return AgentEndpoint(token=token, url=f"http://127.0.0.1:{self._published_port(sandbox_id)}")
+        return AgentEndpoint(token=token, uds=str(run_dir / "agent.sock"))
+
+    def state(self, sandbox_id: str) -> SandboxState:
+        """Running or not, with the exit code and the last log lines when it stopped."""
+        from docker.errors import NotFound as DockerNotFound
+
+        try:
+            state = self._api.inspect_container(f"orchard-{sandbox_id}")["State"]
+        except DockerNotFound:
+            return SandboxState(running=False, exists=False, message="the container is gone")
+        if state.get("Running"):
+            return SandboxState(running=True)
+        logs = self._api.logs(f"orchard-{sandbox_id}", tail=5).decode(errors="replace").strip()
+        message = f"the container exited with code {state.get('ExitCode')}"
+        if state.get("Error"):
+            message += f": {state['Error']}"
+        if logs:
+            message += f"; last output: {logs[-500:]}"
+        return SandboxState(running=False, message=message)
+
+    def delete(self, sandbox_id: str) -> None:
+        """Remove the container (forced) with its anonymous volumes and its socket folder."""
+        from docker.errors import APIError
+        from docker.errors import NotFound as DockerNotFound
+
+        try:
+            self._api.remove_container(f"orchard-{sandbox_id}", force=True, v=True)
+        except DockerNotFound:
+            pass
+        except APIError as exc:
+            if "already in progress" not in str(exc):
+                raise SandboxError(f"Docker could not remove sandbox {sandbox_id}: {_first_line(exc)}") from None
+        self._forget(sandbox_id)
+
+    def list(self) -> list[BackendSandbox]:
+        """Every Orchard container in this engine, found by label."""
+        found = self._api.containers(all=True, filters={"label": LABEL_PREFIX + "managed=true"})
+        return [
+            BackendSandbox(sandbox_id=c["Labels"][LABEL_PREFIX + "sandbox"], labels=c["Labels"])
+            for c in found
+            if LABEL_PREFIX + "sandbox" in c.get("Labels", {})
+        ]
+
+    def close(self) -> None:
+        """Close the engine connection pool."""
+        self._api.close()
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _agent_argv(self, spec: SandboxSpec) -> list[str]:
+        listen = ["--tcp", f"0.0.0.0:{AGENT_PORT}"] if self.route == "port" else ["--unix", f"{RUN_MOUNT}/agent.sock"]
+        return [*self.bundle.command(AGENT_MOUNT), *listen, "--workdir", spec.workdir]
+
+    def _host_config(self, run_dir: Path, spec: SandboxSpec) -> dict:
+        from docker.types import Mount
+
+        return self._api.create_host_config(
+            mounts=[
+                Mount(AGENT_MOUNT, str(self.bundle.path), type="bind", read_only=True),
+                Mount(RUN_MOUNT, str(run_dir), type="bind"),
+            ],
+            network_mode="none" if spec.network == "blocked" else "bridge",
+            port_bindings={AGENT_PORT: ("127.0.0.1", None)} if self.route == "port" else None,
+            init=True,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            pids_limit=spec.pids,
+            nano_cpus=int(spec.cpu * 1e9) if spec.cpu else None,
+            mem_limit=spec.memory_bytes,
+            runtime=self.config.runtime,
+        )
+
+    def _published_port(self, sandbox_id: str) -> int:
+        ports = self._api.inspect_container(f"orchard-{sandbox_id}")["NetworkSettings"]["Ports"]
+        return int(ports[f"{AGENT_PORT}/tcp"][0]["HostPort"])
+
+    def _forget(self, sandbox_id: str) -> None:
+        shutil.rmtree(self._run_root / sandbox_id, ignore_errors=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = getattr(exc, "explanation", None) or str(exc)
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return str(text).strip().splitlines()[0] if str(text).strip() else type(exc).__name__
+
+
+def engine_reachable() -> bool:
+    """Whether a Docker engine answers (for `orchard status`)."""
+    import docker
+
+    try:
+        docker.from_env(timeout=5).ping()
+    except Exception:
+        return False
+    return True

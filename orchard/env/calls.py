@@ -1,0 +1,378 @@
+"""The wire calls of a sandbox, built once and sent by a sync or an async HTTP client.
+
+A sandbox is reached either straight at its exec agent (`AgentCalls`) or through an
+`orchard up` service (`ServiceCalls`). Both describe each operation as a `Call`: the request to
+send and how to read its answer. The sync and async SDKs only send calls, so the protocol lives
+here once.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from orchard.errors import (
+    AgentError,
+    AuthError,
+    InvalidRequest,
+    NotFound,
+    OrchardError,
+    Overloaded,
+    SandboxNotReady,
+)
+
+JOB_POLL_SECONDS = 60.0
+"""How long one wait call on a service job may block before the SDK asks again."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What a command did. `exit_code` is None only when it could not run (see `error`)."""
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration: float = 0.0
+    timed_out: bool = False
+    truncated: bool = False
+    """Output beyond the cap was dropped from the middle (a marker shows where)."""
+    error: str | None = None
+    raw_stdout: bytes = field(default=b"", repr=False)
+    raw_stderr: bytes = field(default=b"", repr=False)
+
+    @property
+    def ok(self) -> bool:
+        """True when the command ran and exited 0."""
+        return self.exit_code == 0
+
+    @property
+    def output(self) -> str:
+        """stdout then stderr, as an agent would read a terminal."""
+        return self.stdout + self.stderr
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    """Outcome of `git apply` in the sandbox."""
+
+    success: bool
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One entry of a folder listing."""
+
+    name: str
+    type: str
+    size: int
+    modified: float
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request and the function that turns its answer into a result.
+
+    `parse` may return another `Call` to send next (a job not finished yet is polled that way).
+    """
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], Any]
+    params: dict[str, Any] | None = None
+    json: Any = None
+    content: bytes | None = None
+    timeout: float | None = None
+
+
+def raise_for_status(response: httpx.Response) -> None:
+    """Turn an error answer of the agent or the service into Orchard's exceptions."""
+    status = response.status_code
+    if status < 400:
+        return
+    try:
+        body = response.json()
+        message = body.get("detail") or body.get("error") or response.text
+    except ValueError:
+        message = response.text or response.reason_phrase
+    if not isinstance(message, str):
+        message = str(message)
+    if status in (401, 403):
+        raise AuthError(message)
+    if status == 404:
+        raise NotFound(message)
+    if status == 408:
+        raise SandboxNotReady(message)
+    if status == 503:
+        raise Overloaded(message)
+    if status in (400, 405, 409, 413, 422):
+        raise InvalidRequest(message)
+    raise AgentError(f"HTTP {status}: {message}")
+
+
+def check_command(command: str | Sequence[str]) -> str | list[str]:
+    """A command is a string (run by a shell) or a list of strings (quoted, then run)."""
+    if isinstance(command, str):
+        return command
+    if isinstance(command, Sequence) and command and all(isinstance(a, str) for a in command):
+        return list(command)
+    raise InvalidRequest("command must be a string or a non-empty list of strings")
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def _http_timeout(timeout: float | None) -> float | None:
+    return None if timeout is None else timeout + 30.0
+
+
+class AgentCalls:
+    """Calls straight to a sandbox's exec agent (its own small protocol, see agent/server.py)."""
+
+    def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        login_shell: bool = False,
+        stdin: bytes | None = None,
+    ) -> Call:
+        body = {
+            "command": check_command(command),
+            "cwd": cwd,
+            "env": env,
+            "timeout": timeout,
+            "login_shell": login_shell,
+            "stdin": base64.b64encode(stdin).decode() if stdin is not None else None,
+        }
+        return Call("POST", "/exec", self._exec_result, json=body, timeout=_http_timeout(timeout))
+
+    @staticmethod
+    def _exec_result(response: httpx.Response) -> ExecResult:
+        body = response.json()
+        stdout, stderr = base64.b64decode(body["stdout"]), base64.b64decode(body["stderr"])
+        return ExecResult(
+            exit_code=body["exit_code"],
+            stdout=_text(stdout),
+            stderr=_text(stderr),
+            duration=body["duration"],
+            timed_out=body["timed_out"],
+            truncated=body["truncated"],
+            error=body["error"],
+            raw_stdout=stdout,
+            raw_stderr=stderr,
+        )
+
+    def read_file(self, path: str) -> Call:
+        return Call("GET", "/files", lambda r: r.content, params={"path": _path(path)})
+
+    def write_file(self, path: str, data: bytes, mode: int | None = None) -> Call:
+        params = {"path": _path(path)}
+        if mode is not None:
+            params["mode"] = f"{mode:o}"
+        return Call("PUT", "/files", lambda r: r.json()["size"], params=params, content=data)
+
+    def list_files(self, path: str) -> Call:
+        return Call("GET", "/files/list", _listing, params={"path": _path(path)})
+
+    def get_archive(self, path: str) -> Call:
+        return Call("GET", "/archive", lambda r: r.content, params={"path": _path(path)})
+
+    def put_archive(self, path: str, tar: bytes) -> Call:
+        return Call("PUT", "/archive", lambda r: r.json(), params={"path": _path(path)}, content=tar)
+
+    def apply_patch(self, patch: str, timeout: float = 30.0) -> Call:
+        body = {"patch": patch, "timeout": timeout}
+        return Call("POST", "/apply_patch", _patch_result, json=body, timeout=_http_timeout(timeout))
+
+    def health(self) -> Call:
+        return Call("GET", "/health", lambda r: r.json(), timeout=5.0)
+
+
+class ServiceCalls:
+    """The same operations through an `orchard up` service (the Orchard Env REST API)."""
+
+    def __init__(self, sandbox_id: str):
+        self.sandbox_id = sandbox_id
+        self.prefix = f"/sandboxes/{sandbox_id}"
+
+    def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        login_shell: bool = False,
+        stdin: bytes | None = None,
+    ) -> Call:
+        if stdin is not None:
+            raise InvalidRequest("stdin is not part of the service API; pipe a file instead")
+        body: dict[str, Any] = {
+            "command": check_command(command),
+            "login_shell": login_shell,
+            "wait": True,
+        }
+        if timeout is not None:
+            body["timeout_seconds"] = timeout
+        if cwd is not None:
+            body["cwd"] = cwd
+        if env:
+            body["env"] = env
+        wait = (timeout if timeout is not None else 300.0) + 30.0
+        return Call("POST", f"{self.prefix}/exec", self._job, json=body, timeout=wait + 30.0)
+
+    def _job(self, response: httpx.Response) -> ExecResult | Call:
+        job = response.json()
+        if job["status"] in ("queued", "running"):
+            return Call(
+                "GET",
+                f"/jobs/{job['job_id']}/wait",
+                self._job,
+                params={"timeout": JOB_POLL_SECONDS},
+                timeout=JOB_POLL_SECONDS + 30.0,
+            )
+        stdout, stderr = job["stdout"], job["stderr"]
+        return ExecResult(
+            exit_code=job["exit_code"],
+            stdout=stdout,
+            stderr=stderr,
+            duration=(job["completed_at"] or 0) - (job["started_at"] or 0),
+            timed_out=job["exit_code"] == 124 and bool(job.get("error")),
+            truncated=bool(job.get("truncated", False)),
+            error=job["error"],
+            raw_stdout=stdout.encode(),
+            raw_stderr=stderr.encode(),
+        )
+
+    def read_file(self, path: str) -> Call:
+        return Call(
+            "GET",
+            f"{self.prefix}/files",
+            lambda r: base64.b64decode(r.json()["content"]),
+            params={"path": _path(path)},
+        )
+
+    def write_file(self, path: str, data: bytes, mode: int | None = None) -> Call:
+        body: dict[str, Any] = {"path": _path(path), "content": base64.b64encode(data).decode()}
+        if mode is not None:
+            body["mode"] = mode
+        return Call("POST", f"{self.prefix}/files", lambda r: r.json()["size"], json=body)
+
+    def list_files(self, path: str) -> Call:
+        return Call("GET", f"{self.prefix}/files/list", _listing, params={"path": _path(path)})
+
+    def get_archive(self, path: str) -> Call:
+        return Call("GET", f"{self.prefix}/archive", lambda r: r.content, params={"path": _path(path)})
+
+    def put_archive(self, path: str, tar: bytes) -> Call:
+        return Call(
+            "PUT",
+            f"{self.prefix}/archive",
+            lambda r: r.json(),
+            params={"path": _path(path)},
+            content=tar,
+        )
+
+    def apply_patch(self, patch: str, timeout: float = 30.0) -> Call:
+        body = {"patch": patch, "timeout_seconds": timeout}
+        return Call(
+            "POST",
+            f"{self.prefix}/apply_patch",
+            _patch_result,
+            json=body,
+            timeout=_http_timeout(timeout),
+        )
+
+    def health(self) -> Call:
+        return Call("GET", self.prefix, lambda r: r.json())
+
+
+def _path(path: str) -> str:
+    if not isinstance(path, str) or not path.strip():
+        raise InvalidRequest("path must be a non-empty string (relative paths are under /workspace)")
+    return path
+
+
+def _listing(response: httpx.Response) -> list[FileInfo]:
+    return [FileInfo(**entry) for entry in response.json()["files"]]
+
+
+def _patch_result(response: httpx.Response) -> PatchResult:
+    body = response.json()
+    return PatchResult(
+        success=body["success"],
+        stdout=body["stdout"],
+        stderr=body["stderr"],
+        exit_code=body["exit_code"],
+        error=body.get("error"),
+    )
+
+
+def send(http: httpx.Client, call: Call) -> Any:
+    """Send a call (and any follow-up call its answer asks for) with a sync client."""
+    while True:
+        response = _request(http, call)
+        raise_for_status(response)
+        result = call.parse(response)
+        if not isinstance(result, Call):
+            return result
+        call = result
+
+
+async def asend(http: httpx.AsyncClient, call: Call) -> Any:
+    """Send a call (and its follow-ups) with an async client."""
+    while True:
+        try:
+            response = await http.request(
+                call.method,
+                call.path,
+                params=call.params,
+                json=call.json,
+                content=call.content,
+                timeout=call.timeout,
+            )
+        except httpx.TransportError as exc:
+            raise AgentError(f"no answer from {http.base_url}: {exc}") from exc
+        raise_for_status(response)
+        result = call.parse(response)
+        if not isinstance(result, Call):
+            return result
+        call = result
+
+
+def _request(http: httpx.Client, call: Call) -> httpx.Response:
+    try:
+        return http.request(
+            call.method,
+            call.path,
+            params=call.params,
+            json=call.json,
+            content=call.content,
+            timeout=call.timeout,
+        )
+    except httpx.TransportError as exc:
+        raise AgentError(f"no answer from {http.base_url}: {exc}") from exc
+
+
+__all__ = [
+    "AgentCalls",
+    "Call",
+    "ExecResult",
+    "FileInfo",
+    "OrchardError",
+    "PatchResult",
+    "ServiceCalls",
+    "asend",
+    "send",
+]

@@ -1,0 +1,674 @@
+"""The SDK: `Client` / `AsyncClient` create sandboxes, `Sandbox` / `AsyncSandbox` use them.
+
+    from orchard.env import Client
+
+    with Client() as client:                      # embedded: a manager in this process
+        with client.create("orchard/base:bookworm") as box:
+            print(box.exec("python3 --version").stdout)
+
+`Client()` runs an embedded manager on the local Docker engine, and commands go straight to each
+sandbox's agent over a pooled keep-alive Unix socket connection. `Client(url=...)` (or
+`ORCHARD_URL` / `SANDBOX_BASE_URL` in the environment) talks to an `orchard up` service instead;
+the API is the same. Sandboxes a client created are deleted when it closes, at interpreter exit,
+and on SIGTERM (SIGINT unwinds `with` blocks as KeyboardInterrupt does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import io
+import json
+import os
+import signal
+import tarfile
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from orchard.config import settings
+from orchard.env.backends.base import Network, SandboxSpec, parse_memory
+from orchard.env.calls import (
+    AgentCalls,
+    Call,
+    ExecResult,
+    FileInfo,
+    PatchResult,
+    ServiceCalls,
+    asend,
+    raise_for_status,
+    send,
+)
+from orchard.env.manager import SandboxInfo, SandboxManager, agent_http, async_agent_http
+from orchard.errors import AgentError, ConfigError, InvalidRequest, SandboxError
+
+__all__ = [
+    "AsyncClient",
+    "AsyncSandbox",
+    "Client",
+    "ExecResult",
+    "FileInfo",
+    "PatchResult",
+    "Sandbox",
+]
+
+_open_clients: weakref.WeakSet = weakref.WeakSet()
+
+
+class Sandbox:
+    """One live sandbox: run commands, move files, apply patches. Use as a context manager."""
+
+    def __init__(
+        self,
+        sandbox_id: str,
+        image: str,
+        http: httpx.Client,
+        calls: AgentCalls | ServiceCalls,
+        on_delete: Callable[[str], None],
+        on_exec: Callable[[str, str, ExecResult, float], None] | None = None,
+        owns_http: bool = True,
+    ):
+        self.id = sandbox_id
+        self.image = image
+        self._http, self._calls, self._on_delete, self._on_exec = http, calls, on_delete, on_exec
+        self._owns_http = owns_http
+        self._deleted = False
+
+    def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        login_shell: bool = False,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Run `command` (a shell string, or a list quoted for the shell) and wait for it."""
+        started = time.time()
+        result = self._send(
+            self._calls.exec(command, cwd=cwd, env=env, timeout=timeout, login_shell=login_shell, stdin=stdin)
+        )
+        if self._on_exec:
+            self._on_exec(self.id, _command_text(command), result, started)
+        return result
+
+    def read_file(self, path: str) -> bytes:
+        """The bytes of a file (relative paths are under /workspace)."""
+        return self._send(self._calls.read_file(path))
+
+    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> int:
+        """Write a file, creating its folders; returns its size."""
+        return self._send(self._calls.write_file(path, _bytes(data), mode))
+
+    def list_files(self, path: str = ".") -> list[FileInfo]:
+        """Entries of a folder, sorted by name."""
+        return self._send(self._calls.list_files(path))
+
+    def upload(self, local: str | Path, remote: str) -> None:
+        """Copy a local file or folder to `remote` in the sandbox (a folder's contents go into `remote`)."""
+        local = Path(local)
+        if local.is_dir():
+            self._send(self._calls.put_archive(remote, pack_folder(local)))
+        else:
+            self.write_file(remote, local.read_bytes(), mode=local.stat().st_mode & 0o777)
+
+    def download(self, remote: str, local: str | Path) -> None:
+        """Copy a file or folder of the sandbox to `local` on this host."""
+        unpack(self._send(self._calls.get_archive(remote)), Path(local))
+
+    def apply_patch(self, patch: str, *, timeout: float = 30.0) -> PatchResult:
+        """`git apply` a unified diff in /workspace."""
+        return self._send(self._calls.apply_patch(patch, timeout))
+
+    def delete(self) -> None:
+        """Delete the sandbox; idempotent."""
+        if self._deleted:
+            return
+        self._deleted = True
+        try:
+            self._on_delete(self.id)
+        finally:
+            if self._owns_http:
+                self._http.close()
+
+    def _send(self, call: Call) -> Any:
+        if self._deleted:
+            raise SandboxError(f"sandbox {self.id} was deleted")
+        return send(self._http, call)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.delete()
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id} {self.image}{' deleted' if self._deleted else ''}>"
+
+
+class Client:
+    """Creates sandboxes, embedded (a manager in this process) or through an `orchard up` service."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        backend: str = "docker",
+        db_url: str | None = None,
+    ):
+        self.url = url or settings().service_url
+        self._lock = threading.Lock()
+        self._mine: dict[str, Sandbox] = {}
+        self._closed = False
+        if self.url:
+            self._manager = None
+            self._http = httpx.Client(base_url=self.url, headers=_auth_headers(self.url, api_key), timeout=60.0)
+        else:
+            self._manager = SandboxManager(backend, db_url=db_url)
+        _track(self)
+
+    def create(
+        self,
+        image: str,
+        *,
+        network: Network = "blocked",
+        cpu: float | None = None,
+        memory: str | int | None = None,
+        ttl: float = 7200.0,
+        env: dict[str, str] | None = None,
+        sandbox_id: str | None = None,
+        run_id: str | None = None,
+        timeout: float = 120.0,
+        keep: bool = False,
+    ) -> Sandbox:
+        """Start a sandbox from `image` and return it once its agent answers.
+
+        With `keep`, the sandbox outlives this client (service mode only; it is still reaped at
+        its TTL).
+        """
+        self._check_open()
+        if keep and self._manager is not None:
+            raise ConfigError("keep=True needs an `orchard up` service; embedded sandboxes end with their process")
+        spec = make_spec(image, network=network, cpu=cpu, memory=memory, ttl=ttl, env=env, run_id=run_id)
+        if self._manager is not None:
+            info = self._manager.create(spec, sandbox_id=sandbox_id, timeout=timeout)
+            box = self._direct(info)
+        else:
+            sandbox_id = self._service_create(spec, sandbox_id)
+            try:
+                send(self._http, _wait_call(sandbox_id, timeout))
+            except BaseException:
+                self._service_delete(sandbox_id)
+                raise
+            box = self.attach(sandbox_id)
+        if not keep:
+            with self._lock:
+                self._mine[box.id] = box
+        return box
+
+    def attach(self, sandbox_id: str) -> Sandbox:
+        """A handle on an existing sandbox (of the service, or of this embedded client)."""
+        self._check_open()
+        if self._manager is not None:
+            return self._direct(self._manager.get(sandbox_id))
+        return Sandbox(sandbox_id, "", self._http, ServiceCalls(sandbox_id), self._forget_remote, owns_http=False)
+
+    def list(self) -> list[dict]:
+        """Live sandboxes (of this client when embedded; of the service when remote)."""
+        if self._manager is not None:
+            return [_public(info) for info in self._manager.list()]
+        response = self._http.get("/sandboxes")
+        raise_for_status(response)
+        return response.json()["sandboxes"]
+
+    def close(self) -> None:
+        """Delete every sandbox this client created; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            boxes = list(self._mine.values())
+        for box in boxes:
+            box.delete()
+        if self._manager is not None:
+            self._manager.close()
+        else:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- embedded ---------------------------------------------------------------------
+
+    def _direct(self, info: SandboxInfo) -> Sandbox:
+        assert info.endpoint is not None and self._manager is not None
+        return Sandbox(
+            info.sandbox_id,
+            info.spec.image,
+            agent_http(info.endpoint),
+            AgentCalls(),
+            self._forget_local,
+            on_exec=self._manager.record_exec,
+        )
+
+    def _forget_local(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._mine.pop(sandbox_id, None)
+        assert self._manager is not None
+        self._manager.delete(sandbox_id)
+
+    # -- remote -----------------------------------------------------------------------
+
+    def _service_create(self, spec: SandboxSpec, sandbox_id: str | None) -> str:
+        response = self._http.post("/sandboxes", json=service_body(spec, sandbox_id))
+        raise_for_status(response)
+        return response.json()["sandbox_id"]
+
+    def _service_delete(self, sandbox_id: str) -> None:
+        raise_for_status(self._http.delete(f"/sandboxes/{sandbox_id}"))
+
+    def _forget_remote(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._mine.pop(sandbox_id, None)
+        self._service_delete(sandbox_id)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("this client is closed; create a new Client")
+
+
+class AsyncSandbox:
+    """The async twin of `Sandbox`."""
+
+    def __init__(
+        self,
+        sandbox_id: str,
+        image: str,
+        http: httpx.AsyncClient,
+        calls,
+        on_delete,
+        owns_http: bool = True,
+    ):
+        self.id, self.image = sandbox_id, image
+        self._http, self._calls, self._on_delete, self._owns_http = (
+            http,
+            calls,
+            on_delete,
+            owns_http,
+        )
+        self._deleted = False
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        login_shell: bool = False,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Run `command` and wait for it."""
+        return await self._send(
+            self._calls.exec(command, cwd=cwd, env=env, timeout=timeout, login_shell=login_shell, stdin=stdin)
+        )
+
+    async def read_file(self, path: str) -> bytes:
+        """The bytes of a file."""
+        return await self._send(self._calls.read_file(path))
+
+    async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> int:
+        """Write a file, creating its folders."""
+        return await self._send(self._calls.write_file(path, _bytes(data), mode))
+
+    async def list_files(self, path: str = ".") -> list[FileInfo]:
+        """Entries of a folder."""
+        return await self._send(self._calls.list_files(path))
+
+    async def upload(self, local: str | Path, remote: str) -> None:
+        """Copy a local file or folder into the sandbox."""
+        local = Path(local)
+        if local.is_dir():
+            await self._send(self._calls.put_archive(remote, await asyncio.to_thread(pack_folder, local)))
+        else:
+            await self.write_file(remote, local.read_bytes(), mode=local.stat().st_mode & 0o777)
+
+    async def download(self, remote: str, local: str | Path) -> None:
+        """Copy a file or folder out of the sandbox."""
+        tar = await self._send(self._calls.get_archive(remote))
+        await asyncio.to_thread(unpack, tar, Path(local))
+
+    async def apply_patch(self, patch: str, *, timeout: float = 30.0) -> PatchResult:
+        """`git apply` a unified diff in /workspace."""
+        return await self._send(self._calls.apply_patch(patch, timeout))
+
+    async def delete(self) -> None:
+        """Delete the sandbox; idempotent."""
+        if self._deleted:
+            return
+        self._deleted = True
+        try:
+            await self._on_delete(self.id)
+        finally:
+            if self._owns_http:
+                await self._http.aclose()
+
+    async def _send(self, call: Call) -> Any:
+        if self._deleted:
+            raise SandboxError(f"sandbox {self.id} was deleted")
+        return await asend(self._http, call)
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.delete()
+
+
+class AsyncClient:
+    """The async twin of `Client` (embedded lifecycle calls run in worker threads)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        backend: str = "docker",
+        db_url=None,
+    ):
+        self.url = url or settings().service_url
+        self._mine: dict[str, AsyncSandbox] = {}
+        self._closed = False
+        if self.url:
+            self._manager = None
+            self._http = httpx.AsyncClient(base_url=self.url, headers=_auth_headers(self.url, api_key), timeout=60.0)
+        else:
+            self._manager = SandboxManager(backend, db_url=db_url)
+        _track(self)
+
+    async def create(
+        self,
+        image: str,
+        *,
+        network: Network = "blocked",
+        cpu: float | None = None,
+        memory: str | int | None = None,
+        ttl: float = 7200.0,
+        env: dict[str, str] | None = None,
+        sandbox_id: str | None = None,
+        run_id: str | None = None,
+        timeout: float = 120.0,
+    ) -> AsyncSandbox:
+        """Start a sandbox from `image` and return it once its agent answers."""
+        if self._closed:
+            raise SandboxError("this client is closed; create a new AsyncClient")
+        spec = make_spec(image, network=network, cpu=cpu, memory=memory, ttl=ttl, env=env, run_id=run_id)
+        if self._manager is not None:
+            manager = self._manager
+            info = await asyncio.to_thread(manager.create, spec, sandbox_id=sandbox_id, timeout=timeout)
+            assert info.endpoint is not None
+            box = AsyncSandbox(info.sandbox_id, image, async_agent_http(info.endpoint), AgentCalls(), self._forget)
+        else:
+            response = await self._http.post("/sandboxes", json=service_body(spec, sandbox_id))
+            raise_for_status(response)
+            sandbox_id = response.json()["sandbox_id"]
+            box = AsyncSandbox(
+                sandbox_id,
+                image,
+                self._http,
+                ServiceCalls(sandbox_id),
+                self._forget,
+                owns_http=False,
+            )
+            try:
+                await asend(self._http, _wait_call(sandbox_id, timeout))
+            except BaseException:
+                await box.delete()
+                raise
+        self._mine[box.id] = box
+        return box
+
+    async def _forget(self, sandbox_id: str) -> None:
+        self._mine.pop(sandbox_id, None)
+        if self._manager is not None:
+            await asyncio.to_thread(self._manager.delete, sandbox_id)
+        else:
+            raise_for_status(await self._http.delete(f"/sandboxes/{sandbox_id}"))
+
+    async def aclose(self) -> None:
+        """Delete every sandbox this client created; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.gather(*(box.delete() for box in list(self._mine.values())))
+        if self._manager is not None:
+            await asyncio.to_thread(self._manager.close)
+        else:
+            await self._http.aclose()
+
+    def close(self) -> None:
+        """Synchronous last-resort cleanup (interpreter exit): delete what is left."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._manager is not None:
+            self._manager.close()
+        else:
+            with httpx.Client(base_url=str(self._http.base_url), headers=dict(self._http.headers)) as http:
+                for sandbox_id in list(self._mine):
+                    http.delete(f"/sandboxes/{sandbox_id}")
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+# -- shared helpers ---------------------------------------------------------------------
+
+
+def make_spec(
+    image: str,
+    *,
+    network: Network = "blocked",
+    cpu: float | None = None,
+    memory: str | int | None = None,
+    ttl: float = 7200.0,
+    env: dict[str, str] | None = None,
+    run_id: str | None = None,
+) -> SandboxSpec:
+    """Validate user input into a spec, with one clear error per mistake."""
+    if not isinstance(image, str) or not image.strip():
+        raise InvalidRequest("image must be a non-empty image reference such as orchard/base:bookworm")
+    if network not in ("blocked", "open"):
+        raise InvalidRequest(f"network must be 'blocked' or 'open', not {network!r}")
+    if cpu is not None and cpu <= 0:
+        raise InvalidRequest(f"cpu must be positive, not {cpu}")
+    if ttl <= 0:
+        raise InvalidRequest(f"ttl must be positive seconds, not {ttl}")
+    return SandboxSpec(
+        image=image,
+        network=network,
+        cpu=cpu,
+        memory_bytes=parse_memory(memory),
+        ttl=ttl,
+        env=dict(env or {}),
+        run_id=run_id,
+    )
+
+
+def service_body(spec: SandboxSpec, sandbox_id: str | None) -> dict:
+    """The service's create body for a spec (field names of the Orchard Env API)."""
+    body: dict[str, Any] = {
+        "image": spec.image,
+        "block_network": spec.network == "blocked",
+        "timeout": int(spec.ttl),
+    }
+    if spec.cpu:
+        body["cpu"] = str(spec.cpu)
+    if spec.memory_bytes:
+        body["memory"] = str(spec.memory_bytes)
+    if sandbox_id:
+        body["sandbox_id"] = sandbox_id
+    if spec.env:
+        body["env"] = spec.env
+    if spec.run_id:
+        body["run_id"] = spec.run_id
+    return body
+
+
+def _wait_call(sandbox_id: str, timeout: float) -> Call:
+    def ready(response: httpx.Response) -> dict:
+        body = response.json()
+        if body["status"] == "failed":
+            raise SandboxError(body.get("status_message") or f"sandbox {sandbox_id} failed to start")
+        return body
+
+    return Call(
+        "GET",
+        f"/sandboxes/{sandbox_id}/wait",
+        ready,
+        params={"timeout": timeout},
+        timeout=timeout + 30,
+    )
+
+
+def running_service() -> dict | None:
+    """The state of the `orchard up` service of this ORCHARD_HOME, if it runs and answers."""
+    try:
+        state = json.loads(settings().service_state.read_text())
+    except (OSError, ValueError):
+        return None
+    if not process_alive(state.get("pid", 0)):
+        return None
+    try:
+        healthy = httpx.get(f"{state['url']}/health", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        healthy = False
+    return state if healthy else None
+
+
+def running_service_url() -> str | None:
+    """ORCHARD_URL / SANDBOX_BASE_URL, else the URL of a local running service, else None."""
+    return settings().service_url or (running_service() or {}).get("url")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie counts as dead)."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def _auth_headers(url: str, api_key: str | None) -> dict[str, str]:
+    key = api_key or settings().api_key or _key_of_local_service(url)
+    return {"X-API-Key": key} if key else {}
+
+
+def _key_of_local_service(url: str) -> str | None:
+    """The key `orchard up` stored (mode 0600) when it serves `url` on this host."""
+    try:
+        state = json.loads(settings().service_state.read_text())
+    except (OSError, ValueError):
+        return None
+    return state.get("api_key") if state.get("url", "").rstrip("/") == url.rstrip("/") else None
+
+
+def _public(info: SandboxInfo) -> dict:
+    return {
+        "sandbox_id": info.sandbox_id,
+        "image": info.spec.image,
+        "status": info.status,
+        "block_network": info.spec.network == "blocked",
+        "created_at": info.created_at,
+    }
+
+
+def _bytes(data: bytes | str) -> bytes:
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, bytes | bytearray | memoryview):
+        return bytes(data)
+    raise InvalidRequest(f"file content must be bytes or str, not {type(data).__name__}")
+
+
+def _command_text(command: str | Sequence[str]) -> str:
+    import shlex
+
+    return command if isinstance(command, str) else shlex.join(command)
+
+
+def pack_folder(folder: Path) -> bytes:
+    """A tar of a folder's contents (members relative to it)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for child in sorted(folder.iterdir()):
+            tar.add(child, arcname=child.name)
+    return buffer.getvalue()
+
+
+def unpack(tar_bytes: bytes, local: Path) -> None:
+    """Extract a downloaded tar (one top member) to `local`, or into it when it is a folder (like cp)."""
+    local.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=local.parent, prefix=".orchard-download-") as staging:
+        with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+            names = tar.getnames()
+            if not names:
+                raise AgentError("the sandbox sent an empty archive")
+            tar.extractall(staging, filter="data")
+        top = names[0].split("/")[0]
+        target = local / top if local.is_dir() else local
+        if target.is_dir():
+            raise InvalidRequest(f"{target} already exists; remove it or download elsewhere")
+        os.replace(Path(staging) / top, target)
+
+
+# -- cleanup at exit --------------------------------------------------------------------
+
+
+def _track(client: Client | AsyncClient) -> None:
+    _open_clients.add(client)
+    _install_handlers()
+
+
+_handlers_installed = False
+
+
+def _install_handlers() -> None:
+    global _handlers_installed
+    if _handlers_installed:
+        return
+    _handlers_installed = True
+    atexit.register(_close_all)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    """Turn SIGTERM into SystemExit so `with` blocks and atexit delete our sandboxes."""
+    raise SystemExit(128 + signum)
+
+
+def _close_all() -> None:
+    for client in list(_open_clients):
+        try:
+            client.close()
+        except Exception:  # best effort at exit: the reaper removes anything left
+            continue

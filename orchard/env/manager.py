@@ -1,0 +1,335 @@
+"""Sandbox lifecycle: create, wait until the agent answers, track, reap, delete.
+
+The manager owns sandboxes for one process (an SDK user or the `orchard up` service). It asks
+the backend to start containers, waits for the injected agent's health check over the direct
+route, records everything in the store, and reaps: expired sandboxes (older than their TTL) and
+orphans (labelled with an owner process of this host that is gone) are deleted at start-up and
+then periodically. Commands never pass through here: callers talk to `info.endpoint` directly.
+"""
+
+from __future__ import annotations
+
+import queue
+import secrets
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import httpx
+
+from orchard import store
+from orchard.config import settings
+from orchard.env.backends import AgentEndpoint, Backend, BackendConfig, SandboxSpec, backend_config
+from orchard.env.backends.base import owner_alive, process_owner
+from orchard.errors import NotFound, SandboxError, SandboxNotReady
+
+Status = Literal["pending", "ready", "failed", "deleted"]
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A sandbox as the manager knows it."""
+
+    sandbox_id: str
+    spec: SandboxSpec
+    endpoint: AgentEndpoint | None
+    status: Status
+    created_at: float
+    status_message: str | None = None
+    ready_at: float | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+
+def new_sandbox_id() -> str:
+    """A short random id (short keeps socket paths within the 107-byte limit)."""
+    return secrets.token_hex(6)
+
+
+class SandboxManager:
+    """Creates, tracks, reaps and deletes the sandboxes of one owner. Thread-safe."""
+
+    def __init__(
+        self,
+        backend: Backend | BackendConfig | str = "docker",
+        *,
+        owner: str | None = None,
+        db_url: str | None = None,
+        reap_interval: float | None = 60.0,
+    ):
+        if isinstance(backend, str):
+            backend = backend_config(backend)
+        self.backend: Backend = backend.build() if hasattr(backend, "build") else backend  # type: ignore[union-attr]
+        self.owner = owner or process_owner()
+        self.db_url = db_url or settings().db_url
+        store.get_engine(db_url)
+        self._sandboxes: dict[str, SandboxInfo] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._recorder = _ExecRecorder(db_url)
+        self.reap()
+        if reap_interval:
+            threading.Thread(
+                target=self._reap_forever, args=(reap_interval,), daemon=True, name="orchard-reaper"
+            ).start()
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def create(self, spec: SandboxSpec, *, sandbox_id: str | None = None, timeout: float = 120.0) -> SandboxInfo:
+        """Start a sandbox and wait until its agent answers; on failure nothing is left behind."""
+        info = self.start(spec, sandbox_id=sandbox_id)
+        return self.wait_ready(info.sandbox_id, timeout=timeout)
+
+    def start(self, spec: SandboxSpec, *, sandbox_id: str | None = None) -> SandboxInfo:
+        """Ask the backend for the sandbox and return it `pending` (the agent may not answer yet)."""
+        sandbox_id = sandbox_id or new_sandbox_id()
+        spec = replace(spec, owner=self.owner)
+        with self._lock:
+            if sandbox_id in self._sandboxes:
+                raise SandboxError(f"sandbox id {sandbox_id!r} is already in use; pick another or omit it")
+            info = SandboxInfo(sandbox_id, spec, None, "pending", time.time())
+            self._sandboxes[sandbox_id] = info
+        self._save(info)
+        try:
+            endpoint = self.backend.create(sandbox_id, spec, secrets.token_urlsafe(24))
+        except Exception as exc:
+            self._update(sandbox_id, status="failed", status_message=str(exc))
+            raise
+        return self._update(sandbox_id, endpoint=endpoint)
+
+    def wait_ready(self, sandbox_id: str, *, timeout: float = 120.0) -> SandboxInfo:
+        """Block until the agent answers its health check; a dead container fails at once."""
+        info = self.get(sandbox_id)
+        if info.status != "pending":
+            return self._raise_if_failed(info)
+        assert info.endpoint is not None
+        deadline = time.monotonic() + timeout
+        with agent_http(info.endpoint, timeout=2.0) as http:
+            delay, next_state_check = 0.002, time.monotonic() + 0.2
+            while True:
+                if _answers(http):
+                    return self._update(sandbox_id, status="ready", ready_at=time.time())
+                now = time.monotonic()
+                if now >= next_state_check:
+                    next_state_check = now + 0.5
+                    state = self.backend.state(sandbox_id)
+                    if not state.running:
+                        return self._fail(sandbox_id, f"sandbox {sandbox_id} did not start: {state.message}")
+                if now >= deadline:
+                    self._fail(
+                        sandbox_id,
+                        f"the agent of sandbox {sandbox_id} did not answer within {timeout:.0f} s",
+                    )
+                    raise SandboxNotReady(f"sandbox {sandbox_id} was not ready within {timeout:.0f} s")
+                time.sleep(delay)
+                delay = min(delay * 1.5, 0.05)
+
+    def delete(self, sandbox_id: str) -> None:
+        """Delete a sandbox; idempotent (also for ids already gone)."""
+        self.backend.delete(sandbox_id)
+        with self._lock:
+            known = self._sandboxes.pop(sandbox_id, None)
+        if known is not None and known.status != "failed":
+            self._save(replace(known, status="deleted"), deleted_at=time.time())
+
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        """The sandbox `sandbox_id` of this manager."""
+        with self._lock:
+            info = self._sandboxes.get(sandbox_id)
+        if info is None:
+            raise NotFound(f"no sandbox {sandbox_id!r}; `orchard sandbox ls` lists the live ones")
+        return info
+
+    def list(self) -> list[SandboxInfo]:
+        """Sandboxes of this manager, oldest first."""
+        with self._lock:
+            return sorted(self._sandboxes.values(), key=lambda s: s.created_at)
+
+    def close(self) -> None:
+        """Delete every sandbox this manager owns and stop its threads; idempotent."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        for info in self.list():
+            self.delete(info.sandbox_id)
+        self._recorder.close()
+
+    def __enter__(self) -> SandboxManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reaping ----------------------------------------------------------------------
+
+    def reap(self, now: float | None = None) -> list[str]:
+        """Delete expired sandboxes and orphans whose owner process is gone; return their ids."""
+        now = now or time.time()
+        reaped = []
+        for found in self.backend.list():
+            expired = found.expires_at and found.expires_at < now
+            if expired or not owner_alive(found.owner):
+                self.backend.delete(found.sandbox_id)
+                with self._lock:
+                    self._sandboxes.pop(found.sandbox_id, None)
+                reason = "expired (TTL)" if expired else f"orphaned (owner {found.owner} is gone)"
+                self._mark_reaped(found.sandbox_id, reason)
+                reaped.append(found.sandbox_id)
+        return reaped
+
+    def _reap_forever(self, interval: float) -> None:
+        while not self._closed.wait(interval):
+            try:
+                self.reap()
+            except Exception:  # the engine may be briefly unreachable; try again next round
+                continue
+
+    # -- tracking ---------------------------------------------------------------------
+
+    def record_exec(self, sandbox_id: str, command: str, result, started_at: float) -> None:
+        """Queue one command for the store (written in batches off the hot path)."""
+        self._recorder.put(sandbox_id, command, result, started_at)
+
+    def flush(self) -> None:
+        """Wait until every recorded command is in the store."""
+        self._recorder.flush()
+
+    def _update(self, sandbox_id: str, **changes) -> SandboxInfo:
+        with self._lock:
+            info = replace(self._sandboxes[sandbox_id], **changes)
+            self._sandboxes[sandbox_id] = info
+        self._save(info)
+        return info
+
+    def _fail(self, sandbox_id: str, message: str) -> SandboxInfo:
+        self.backend.delete(sandbox_id)
+        info = self._update(sandbox_id, status="failed", status_message=message)
+        with self._lock:
+            self._sandboxes.pop(sandbox_id, None)
+        return self._raise_if_failed(info)
+
+    @staticmethod
+    def _raise_if_failed(info: SandboxInfo) -> SandboxInfo:
+        if info.status == "failed":
+            raise SandboxError(info.status_message or f"sandbox {info.sandbox_id} failed")
+        return info
+
+    def _save(self, info: SandboxInfo, deleted_at: float | None = None) -> None:
+        with store.session(self.db_url) as db:
+            db.merge(
+                store.SandboxRecord(
+                    id=info.sandbox_id,
+                    backend=self.backend.name,
+                    image=info.spec.image,
+                    network=info.spec.network,
+                    cpu=info.spec.cpu,
+                    memory_bytes=info.spec.memory_bytes,
+                    owner=info.spec.owner,
+                    run_id=info.spec.run_id,
+                    status=info.status,
+                    status_message=info.status_message,
+                    created_at=info.created_at,
+                    ready_at=info.ready_at,
+                    deleted_at=deleted_at,
+                    ttl=info.spec.ttl,
+                )
+            )
+
+    def _mark_reaped(self, sandbox_id: str, reason: str) -> None:
+        with store.session(self.db_url) as db:
+            record = db.get(store.SandboxRecord, sandbox_id)
+            if record is not None:
+                record.status, record.status_message, record.deleted_at = (
+                    "deleted",
+                    f"reaped: {reason}",
+                    time.time(),
+                )
+                db.add(record)
+
+
+def agent_http(endpoint: AgentEndpoint, *, timeout: float | None = None) -> httpx.Client:
+    """A pooled keep-alive HTTP client straight to one agent (Unix socket or URL)."""
+    transport = httpx.HTTPTransport(uds=endpoint.uds) if endpoint.uds else httpx.HTTPTransport()
+    return httpx.Client(
+        transport=transport,
+        base_url=endpoint.url,
+        headers={"Authorization": f"Bearer {endpoint.token}"},
+        timeout=timeout,
+    )
+
+
+def async_agent_http(endpoint: AgentEndpoint, *, timeout: float | None = None) -> httpx.AsyncClient:
+    """The async twin of `agent_http`."""
+    transport = httpx.AsyncHTTPTransport(uds=endpoint.uds) if endpoint.uds else httpx.AsyncHTTPTransport()
+    return httpx.AsyncClient(
+        transport=transport,
+        base_url=endpoint.url,
+        headers={"Authorization": f"Bearer {endpoint.token}"},
+        timeout=timeout,
+    )
+
+
+def _answers(http: httpx.Client) -> bool:
+    try:
+        return http.get("/health").status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+class _ExecRecorder:
+    """Writes exec records in batches from one thread, so commands never wait on the store."""
+
+    def __init__(self, db_url: str | None):
+        self.db_url = db_url or settings().db_url
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="orchard-exec-recorder")
+        self._thread.start()
+
+    def put(self, sandbox_id: str, command: str, result, started_at: float) -> None:
+        self._queue.put((sandbox_id, command, result, started_at))
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Block until everything queued so far is written."""
+        written = threading.Event()
+        self._queue.put(written)
+        written.wait(timeout)
+
+    def close(self) -> None:
+        """Flush what is queued, then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            rows = [item for item in batch if isinstance(item, tuple)]
+            if rows:
+                with store.session(self.db_url) as db:
+                    db.add_all(_exec_record(*row) for row in rows)
+            for item in batch:
+                if isinstance(item, threading.Event):
+                    item.set()
+            if None in batch:
+                return
+
+
+def _exec_record(sandbox_id: str, command: str, result, started_at: float) -> store.ExecRecord:
+    return store.ExecRecord(
+        id=secrets.token_hex(8),
+        sandbox_id=sandbox_id,
+        command=command,
+        status="succeeded" if result.exit_code == 0 else "failed",
+        exit_code=result.exit_code,
+        error=result.error,
+        stdout_bytes=len(result.raw_stdout),
+        stderr_bytes=len(result.raw_stderr),
+        created_at=started_at,
+        started_at=started_at,
+        completed_at=started_at + result.duration,
+        duration=result.duration,
+    )

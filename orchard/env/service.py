@@ -1,0 +1,559 @@
+"""`orchard up`: the Orchard Env REST API over a sandbox manager.
+
+Routes, fields and status codes follow `ORCHARD_ENV_API.md` (the API of the published Orchard
+Env service) so its clients work unchanged. Extensions: `GET /sandboxes` (list), `GET/PUT
+/sandboxes/{id}/archive` (folders as tar), `env` and `run_id` on create, `truncated` on jobs.
+
+The service holds one keep-alive connection to each sandbox's agent (a Unix socket locally) and
+runs commands as jobs on the event loop; Docker is called only to create and delete. Every route
+but `GET /` and `GET /health` needs the `X-API-Key` header (401 missing, 403 wrong).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import hmac
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import httpx
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from starlette.concurrency import run_in_threadpool
+
+from orchard import __version__, store
+from orchard.config import settings
+from orchard.env.backends.base import SandboxSpec, parse_memory
+from orchard.env.calls import AgentCalls, asend
+from orchard.env.manager import SandboxInfo, SandboxManager, async_agent_http
+from orchard.errors import (
+    AgentError,
+    AuthError,
+    ConfigError,
+    InvalidRequest,
+    NotFound,
+    OrchardError,
+    Overloaded,
+    SandboxError,
+)
+
+MAX_UPLOAD_BYTES = 256 * 2**20
+"""Largest file or archive one request may upload (413 beyond)."""
+JOB_KEEP_SECONDS = 3600.0
+"""Finished jobs stay readable at least this long."""
+HEARTBEAT_SILENCE_SECONDS = 180.0
+"""A sandbox that heartbeated once and then fell silent this long is reaped."""
+
+
+# -- request bodies (extra fields are ignored, as clients of the published API may send more) --
+
+
+class CreateSandbox(BaseModel):
+    image: StrictStr = Field(min_length=1)
+    block_network: bool = True
+    sandbox_id: StrictStr | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
+    cpu: str = "4"
+    memory: str = "16Gi"
+    timeout: int = Field(default=3600, gt=0)
+    env: dict[StrictStr, StrictStr] | None = None
+    run_id: StrictStr | None = None
+
+
+class ExecBody(BaseModel):
+    command: StrictStr | list[StrictStr]
+    timeout_seconds: float = Field(default=300, gt=0)
+    cwd: StrictStr | None = None
+    env: dict[StrictStr, StrictStr] | None = None
+    login_shell: bool = False
+    wait: bool = False
+
+
+class PatchBody(BaseModel):
+    patch: StrictStr
+    timeout_seconds: float = Field(default=30, gt=0)
+
+
+class FileBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    path: StrictStr = Field(min_length=1)
+    content: StrictStr
+    mode: int | None = None
+
+
+# -- state ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    job_id: str
+    sandbox_id: str
+    command: str
+    status: str = "queued"
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    error: str | None = None
+    truncated: bool = False
+    rejected: bool = False
+    """The agent refused the request itself (bad cwd, ...): a 400 for callers that wait."""
+    created_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    completed_at: float | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "sandbox_id": self.sandbox_id,
+            "command": self.command,
+            "status": self.status,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "exit_code": self.exit_code,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "completed_at": self.completed_at,
+            "error": self.error,
+            "truncated": self.truncated,
+        }
+
+
+class Service:
+    """The service's state: the manager, agent connections, readiness and jobs."""
+
+    def __init__(self, manager: SandboxManager, api_key: str | None, *, max_upload_bytes: int = MAX_UPLOAD_BYTES):
+        self.manager = manager
+        self.api_key = api_key
+        self.max_upload_bytes = max_upload_bytes
+        self.agents: dict[str, httpx.AsyncClient] = {}
+        self.ready: dict[str, asyncio.Event] = {}
+        self.heartbeats: dict[str, float] = {}
+        self.jobs: dict[str, Job] = {}
+        self.started_at = time.time()
+
+    # sandboxes
+
+    async def create(self, body: CreateSandbox) -> dict[str, Any]:
+        cpu, memory = clamp(body.cpu, body.memory)
+        spec = SandboxSpec(
+            image=body.image,
+            network="blocked" if body.block_network else "open",
+            cpu=cpu,
+            memory_bytes=memory,
+            ttl=float(body.timeout),
+            env=dict(body.env or {}),
+            run_id=body.run_id,
+        )
+        info = await run_in_threadpool(self.manager.start, spec, sandbox_id=body.sandbox_id)
+        self.ready[info.sandbox_id] = asyncio.Event()
+        asyncio.get_running_loop().create_task(self._become_ready(info.sandbox_id, body.timeout + 600))
+        return {**self.describe(info), "timeout": body.timeout}
+
+    async def _become_ready(self, sandbox_id: str, timeout: float) -> None:
+        with contextlib.suppress(OrchardError):
+            info = await run_in_threadpool(self.manager.wait_ready, sandbox_id, timeout=timeout)
+            assert info.endpoint is not None
+            self.agents[sandbox_id] = async_agent_http(info.endpoint)
+        self.ready[sandbox_id].set()
+
+    def info(self, sandbox_id: str) -> dict[str, Any]:
+        """A live sandbox, or a failed one from the store; 404 otherwise."""
+        with contextlib.suppress(NotFound):
+            return self.describe(self.manager.get(sandbox_id))
+        with store.session(self.manager.db_url) as db:
+            record = db.get(store.SandboxRecord, sandbox_id)
+        if record is None or record.status != "failed":
+            raise NotFound(f"no sandbox {sandbox_id!r}")
+        return {
+            "sandbox_id": record.id,
+            "namespace": "docker",
+            "image": record.image,
+            "block_network": record.network == "blocked",
+            "cpu": str(record.cpu or ""),
+            "memory": str(record.memory_bytes or ""),
+            "created_at": record.created_at,
+            "ready": False,
+            "status": "failed",
+            "status_message": record.status_message,
+        }
+
+    def describe(self, info: SandboxInfo) -> dict[str, Any]:
+        return {
+            "sandbox_id": info.sandbox_id,
+            "namespace": self.manager.backend.name,
+            "image": info.spec.image,
+            "block_network": info.spec.network == "blocked",
+            "cpu": "" if info.spec.cpu is None else f"{info.spec.cpu:g}",
+            "memory": "" if info.spec.memory_bytes is None else str(info.spec.memory_bytes),
+            "created_at": info.created_at,
+            "ready": info.ready,
+            "status": info.status,
+            "status_message": info.status_message,
+        }
+
+    async def wait(self, sandbox_id: str, timeout: float) -> dict[str, Any]:
+        event = self.ready.get(sandbox_id)
+        if event is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+        return self.info(sandbox_id)
+
+    async def delete(self, sandbox_id: str) -> None:
+        self.ready.pop(sandbox_id, None)
+        self.heartbeats.pop(sandbox_id, None)
+        agent = self.agents.pop(sandbox_id, None)
+        if agent is not None:
+            await agent.aclose()
+        await run_in_threadpool(self.manager.delete, sandbox_id)
+
+    def agent(self, sandbox_id: str) -> httpx.AsyncClient:
+        agent = self.agents.get(sandbox_id)
+        if agent is None:
+            status = self.info(sandbox_id)["status"]  # 404 when unknown
+            raise InvalidRequest(f"sandbox {sandbox_id} is {status}, not ready: wait for it first")
+        return agent
+
+    # jobs
+
+    def submit(self, sandbox_id: str, body: ExecBody) -> Job:
+        agent = self.agent(sandbox_id)
+        command = body.command if isinstance(body.command, str) else _join(body.command)
+        job = Job(job_id=secrets.token_hex(8), sandbox_id=sandbox_id, command=command)
+        self.jobs[job.job_id] = job
+        asyncio.get_running_loop().create_task(self._run(job, agent, body))
+        return job
+
+    async def _run(self, job: Job, agent: httpx.AsyncClient, body: ExecBody) -> None:
+        job.status, job.started_at = "running", time.time()
+        call = AgentCalls().exec(
+            body.command,
+            cwd=body.cwd,
+            env=body.env,
+            timeout=body.timeout_seconds,
+            login_shell=body.login_shell,
+        )
+        try:
+            result = await asend(agent, call)
+        except OrchardError as exc:
+            job.status, job.error, job.rejected = "failed", str(exc), isinstance(exc, InvalidRequest)
+        else:
+            job.stdout, job.stderr, job.exit_code = result.stdout, result.stderr, result.exit_code
+            job.error, job.truncated = result.error, result.truncated
+            if result.timed_out:
+                job.error = f"command timed out after {body.timeout_seconds:g} s"
+            job.status = "succeeded" if result.exit_code == 0 else "failed"
+            self.manager.record_exec(job.sandbox_id, job.command, result, job.started_at)
+        job.completed_at = time.time()
+        job.done.set()
+
+    async def wait_job(self, job_id: str, timeout: float) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id!r} (finished jobs are kept {JOB_KEEP_SECONDS:.0f} s)")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(job.done.wait(), timeout)
+        return job
+
+    # housekeeping
+
+    async def housekeep(self, interval: float = 30.0) -> None:
+        """Forget old jobs; reap sandboxes whose heartbeats stopped."""
+        while True:
+            await asyncio.sleep(interval)
+            now = time.time()
+            for job_id, job in list(self.jobs.items()):
+                if job.completed_at and now - job.completed_at > JOB_KEEP_SECONDS:
+                    self.jobs.pop(job_id, None)
+            for sandbox_id, beat in list(self.heartbeats.items()):
+                if now - beat > HEARTBEAT_SILENCE_SECONDS:
+                    await self.delete(sandbox_id)
+
+
+def clamp(cpu: str, memory: str) -> tuple[float, int]:
+    """Requests above what this host has are clamped, not refused."""
+    try:
+        cores = float(cpu)
+    except ValueError:
+        raise InvalidRequest(f"cpu {cpu!r} is not a number of cores such as '2' or '0.5'") from None
+    if cores <= 0:
+        raise InvalidRequest(f"cpu must be positive, not {cpu!r}")
+    wanted = parse_memory(memory)
+    assert wanted is not None
+    return min(cores, float(os.cpu_count() or 1)), min(wanted, host_memory())
+
+
+def host_memory() -> int:
+    """Total memory of this host in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _join(argv: list[str]) -> str:
+    import shlex
+
+    return shlex.join(argv)
+
+
+# -- the app ----------------------------------------------------------------------------
+
+
+def create_app(service: Service) -> FastAPI:
+    """The FastAPI app serving the Orchard Env API over `service`."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        task = asyncio.get_running_loop().create_task(service.housekeep())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(*(a.aclose() for a in service.agents.values()), return_exceptions=True)
+            await run_in_threadpool(service.manager.close)
+
+    app = FastAPI(title="Orchard Env", version=__version__, lifespan=lifespan)
+    _add_error_handlers(app)
+
+    @app.middleware("http")
+    async def refuse_huge_bodies(request: Request, call_next):
+        """Refuse an upload from its Content-Length, before reading (base64 JSON is 4/3 larger)."""
+        limit = service.max_upload_bytes * 4 // 3 + 2**16
+        if int(request.headers.get("content-length") or 0) > limit:
+            return JSONResponse({"detail": _too_large(service.max_upload_bytes).detail}, status_code=413)
+        return await call_next(request)
+
+    def require_key(x_api_key: Annotated[str | None, Header()] = None) -> None:
+        if service.api_key is None:
+            return
+        if not x_api_key:
+            raise HTTPException(401, "missing X-API-Key header")
+        if not hmac.compare_digest(x_api_key.encode(), service.api_key.encode()):
+            raise HTTPException(403, "wrong API key")
+
+    keyed = [Depends(require_key)]
+
+    @app.get("/")
+    def root() -> dict:
+        return {"service": "orchard-env", "version": __version__, "status": "running"}
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "healthy"}
+
+    @app.get("/resources", dependencies=keyed)
+    def resources() -> dict:
+        live = service.manager.list()
+        total = {"cpu": float(os.cpu_count() or 1), "memory_bytes": host_memory()}
+        used_cpu = sum(s.spec.cpu or 0 for s in live)
+        used_memory = sum(s.spec.memory_bytes or 0 for s in live)
+        return {
+            "status": "ok",
+            "total_capacity": total,
+            "available": {
+                "cpu": max(total["cpu"] - used_cpu, 0.0),
+                "memory_bytes": max(total["memory_bytes"] - used_memory, 0),
+            },
+            "sandbox_pods": [s.sandbox_id for s in live],
+        }
+
+    @app.post("/sandboxes", dependencies=keyed)
+    async def create(body: CreateSandbox) -> dict:
+        return await service.create(body)
+
+    @app.get("/sandboxes", dependencies=keyed)
+    def list_sandboxes() -> dict:
+        return {"sandboxes": [service.describe(s) for s in service.manager.list()]}
+
+    @app.get("/sandboxes/{sandbox_id}", dependencies=keyed)
+    def get_sandbox(sandbox_id: str) -> dict:
+        return service.info(sandbox_id)
+
+    @app.get("/sandboxes/{sandbox_id}/wait", dependencies=keyed)
+    async def wait_sandbox(sandbox_id: str, timeout: Annotated[float, Query(ge=0)] = 300.0) -> Response:
+        info = await service.wait(sandbox_id, timeout)
+        if info["status"] == "pending":
+            return JSONResponse({"detail": f"sandbox {sandbox_id} not ready within {timeout:g} s"}, 408)
+        return JSONResponse(info)
+
+    @app.delete("/sandboxes/{sandbox_id}", dependencies=keyed)
+    async def delete_sandbox(sandbox_id: str) -> dict:
+        await service.delete(sandbox_id)
+        return {"status": "deleted", "sandbox_id": sandbox_id}
+
+    @app.post("/sandboxes/{sandbox_id}/heartbeat", dependencies=keyed)
+    def heartbeat(sandbox_id: str) -> dict:
+        service.info(sandbox_id)
+        service.heartbeats[sandbox_id] = time.time()
+        return {"status": "ok", "sandbox_id": sandbox_id}
+
+    @app.post("/sandboxes/{sandbox_id}/exec", dependencies=keyed)
+    async def exec_command(sandbox_id: str, body: ExecBody) -> dict:
+        job = service.submit(sandbox_id, body)
+        if not body.wait:
+            return {"job_id": job.job_id, "status": "queued"}
+        job = await service.wait_job(job.job_id, body.timeout_seconds + 30)
+        if job.rejected:
+            raise InvalidRequest(job.error or "the agent refused the command")
+        return job.public()
+
+    @app.get("/jobs/{job_id}", dependencies=keyed)
+    async def get_job(job_id: str) -> dict:
+        return (await service.wait_job(job_id, 0)).public()
+
+    @app.get("/jobs/{job_id}/wait", dependencies=keyed)
+    async def wait_job(job_id: str, timeout: Annotated[float, Query(ge=0)] = 300.0) -> dict:
+        return (await service.wait_job(job_id, timeout)).public()
+
+    @app.post("/sandboxes/{sandbox_id}/apply_patch", dependencies=keyed)
+    async def apply_patch(sandbox_id: str, body: PatchBody) -> dict:
+        result = await asend(service.agent(sandbox_id), AgentCalls().apply_patch(body.patch, body.timeout_seconds))
+        return result.__dict__
+
+    @app.post("/sandboxes/{sandbox_id}/files", dependencies=keyed)
+    async def upload(sandbox_id: str, body: FileBody) -> dict:
+        try:
+            data = base64.b64decode(body.content, validate=True)
+        except ValueError:
+            raise InvalidRequest("content must be base64") from None
+        if len(data) > service.max_upload_bytes:
+            raise _too_large(service.max_upload_bytes)
+        size = await asend(service.agent(sandbox_id), AgentCalls().write_file(body.path, data, body.mode))
+        return {"success": True, "path": body.path, "size": size}
+
+    @app.get("/sandboxes/{sandbox_id}/files", dependencies=keyed)
+    async def download(sandbox_id: str, path: str) -> dict:
+        data = await asend(service.agent(sandbox_id), AgentCalls().read_file(path))
+        return {"path": path, "content": base64.b64encode(data).decode(), "size": len(data)}
+
+    @app.get("/sandboxes/{sandbox_id}/files/list", dependencies=keyed)
+    async def list_files(sandbox_id: str, path: str = ".") -> dict:
+        entries = await asend(service.agent(sandbox_id), AgentCalls().list_files(path))
+        return {"path": path, "files": [e.__dict__ for e in entries]}
+
+    @app.get("/sandboxes/{sandbox_id}/archive", dependencies=keyed)
+    async def get_archive(sandbox_id: str, path: str) -> Response:
+        tar = await asend(service.agent(sandbox_id), AgentCalls().get_archive(path))
+        return Response(tar, media_type="application/x-tar")
+
+    @app.put("/sandboxes/{sandbox_id}/archive", dependencies=keyed)
+    async def put_archive(sandbox_id: str, path: str, request: Request) -> dict:
+        tar = await request.body()
+        if len(tar) > service.max_upload_bytes:
+            raise _too_large(service.max_upload_bytes)
+        return await asend(service.agent(sandbox_id), AgentCalls().put_archive(path, tar))
+
+    return app
+
+
+def _too_large(limit: int) -> HTTPException:
+    return HTTPException(413, f"upload too large: at most {limit / 2**20:g} MiB per request")
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    def detail(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse({"detail": message}, status_code=status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def malformed(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+            problems.append(f"{where}: {error.get('msg')}")
+        return detail(422, "; ".join(problems))
+
+    @app.exception_handler(OrchardError)
+    async def orchard_error(_request: Request, exc: OrchardError) -> JSONResponse:
+        if isinstance(exc, AuthError):  # the agent refused us: a service fault, not the caller's
+            return detail(502, f"the sandbox's agent refused the service: {exc}")
+        if isinstance(exc, NotFound):
+            return detail(404, str(exc))
+        if isinstance(exc, InvalidRequest | ConfigError):
+            return detail(400, str(exc))
+        if isinstance(exc, Overloaded):
+            return detail(503, str(exc), {"Retry-After": "1"})
+        if isinstance(exc, AgentError | SandboxError):
+            return detail(502, str(exc))
+        return detail(500, str(exc))
+
+
+# -- running it -------------------------------------------------------------------------
+
+
+def load_or_create_key() -> str:
+    """The service's API key: ORCHARD_API_KEY, else one stored (0600) in ORCHARD_HOME."""
+    configured = settings().api_key
+    if configured:
+        return configured
+    path = settings().home / "api_key"
+    with contextlib.suppress(FileNotFoundError):
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key)
+    return key
+
+
+def write_state(url: str, api_key: str) -> None:
+    """Record where this service runs (mode 0600) so `orchard` and the SDK find it."""
+    path = settings().service_state
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"pid": os.getpid(), "url": url, "api_key": api_key, "started_at": time.time()}, f)
+    os.replace(tmp, path)
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    *,
+    backend: str = "docker",
+    api_key: str | None = None,
+) -> None:
+    """Run the service in this process until SIGINT/SIGTERM; then delete every sandbox it owns."""
+    import uvicorn
+
+    key = api_key or load_or_create_key()
+    manager = SandboxManager(backend, owner=None)
+    service = Service(manager, key)
+    config = uvicorn.Config(
+        create_app(service),
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_keep_alive=150,
+        access_log=False,
+    )
+    server = uvicorn.Server(config)
+    write_state(f"http://{host}:{port}", key)
+    try:
+        server.run()
+    finally:
+        manager.close()
+        with contextlib.suppress(FileNotFoundError):
+            state = json.loads(settings().service_state.read_text())
+            if state.get("pid") == os.getpid():
+                settings().service_state.unlink()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m orchard.env.service", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--backend", default="docker")
+    args = parser.parse_args(argv)
+    serve(args.host, args.port, backend=args.backend)
+
+
+if __name__ == "__main__":
+    main()

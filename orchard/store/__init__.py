@@ -1,0 +1,69 @@
+"""The store: one database for everything Orchard does.
+
+SQLite in WAL mode at `$ORCHARD_HOME/orchard.db` by default; `ORCHARD_DB_URL` takes any
+SQLAlchemy URL (PostgreSQL when several hosts or replicas write). Every write is one short
+transaction (`with session(...)`), so a crash never leaves a half-written row.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, SQLModel, create_engine
+
+from orchard.config import settings
+from orchard.store.tables import ExecRecord, SandboxRecord
+
+__all__ = ["ExecRecord", "SandboxRecord", "get_engine", "session"]
+
+_engines: dict[str, Engine] = {}
+_lock = threading.Lock()
+
+
+def _tune_sqlite(dbapi_connection, _record) -> None:
+    """WAL lets readers (the dashboard) run beside writers; busy_timeout waits out short locks."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def get_engine(url: str | None = None) -> Engine:
+    """The engine for `url` (default: the configured store), created with its tables once."""
+    url = url or settings().db_url
+    with _lock:
+        engine = _engines.get(url)
+        if engine is None:
+            engine = _create(url)
+            _engines[url] = engine
+    return engine
+
+
+def _create(url: str) -> Engine:
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _tune_sqlite)
+    else:
+        engine = create_engine(url, pool_pre_ping=True)
+    SQLModel.metadata.create_all(engine)
+    return engine
+
+
+@contextmanager
+def session(url: str | None = None) -> Iterator[Session]:
+    """One transaction: committed when the block ends, rolled back if it raises."""
+    with Session(get_engine(url), expire_on_commit=False) as db:
+        try:
+            yield db
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise

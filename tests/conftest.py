@@ -1,0 +1,110 @@
+"""Shared fixtures: a real Docker engine (CI fails instead of skipping) and an isolated ORCHARD_HOME."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def _docker_or_skip():
+    """Return a Docker SDK client; without an engine, skip locally but fail in CI."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as exc:  # any way of not reaching the engine
+        message = f"no Docker engine reachable ({exc}); start one with `./dev engine`"
+        if IN_CI:
+            pytest.fail(message + " — CI must run the Docker tests, not skip them")
+        pytest.skip(message)
+    return client
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A Docker SDK client for a running engine."""
+    client = _docker_or_skip()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_client) -> str:
+    """The offline-built Debian base image (python3, git, bash), built once if missing."""
+    from orchard.env import images
+
+    return images.build_base()
+
+
+@pytest.fixture(scope="session")
+def busybox_image(docker_client) -> str:
+    """A static busybox image: no Python, no libc."""
+    from orchard.env import images
+
+    return images.build_busybox()
+
+
+@pytest.fixture
+def orchard_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh ORCHARD_HOME (store, sockets, keys) for one test."""
+    home = tmp_path / "orchard-home"
+    monkeypatch.setenv("ORCHARD_HOME", str(home))
+    monkeypatch.delenv("ORCHARD_DB_URL", raising=False)
+    monkeypatch.delenv("ORCHARD_URL", raising=False)
+    monkeypatch.delenv("ORCHARD_API_KEY", raising=False)
+    yield home
+
+
+@pytest.fixture(scope="module")
+def client(docker_client, base_image, busybox_image, tmp_path_factory) -> Iterator:
+    """An embedded SDK client (manager in this process) with its own store, shared by a module."""
+    from orchard.env import Client
+
+    db = tmp_path_factory.mktemp("store") / "orchard.db"
+    with Client(db_url=f"sqlite:///{db}") as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def service(docker_client, base_image, busybox_image, tmp_path_factory) -> Iterator[tuple[str, str]]:
+    """A real `orchard up` service (uvicorn on a free loopback port) in a thread: yields (url, key)."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    from orchard.env.manager import SandboxManager
+    from orchard.env.service import Service, create_app
+
+    db = tmp_path_factory.mktemp("service-store") / "orchard.db"
+    key = "test-key-" + os.urandom(4).hex()
+    manager = SandboxManager("docker", db_url=f"sqlite:///{db}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(Service(manager, key, max_upload_bytes=2**20)), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    yield url, key
+    server.should_exit = True
+    thread.join(timeout=60)
+    manager.close()

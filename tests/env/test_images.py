@@ -1,0 +1,107 @@
+"""The offline-built images: a Debian base (python3, git, bash) and a static busybox (nothing else)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchard.env import images
+from orchard.errors import ConfigError, EngineUnavailable
+
+
+def _sh(client, image: str, script: str) -> str:
+    """Run `sh -c script` in a throwaway container of `image`; return stdout and stderr."""
+    out = client.containers.run(image, ["/bin/sh", "-c", script], remove=True, stderr=True, network_mode="none")
+    return out.decode()
+
+
+def _forbid_building(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make any rebuild fail loudly, so a returning call proves a cache hit."""
+
+    def fail(*_args, **_kwargs):
+        raise AssertionError("the image was rebuilt")
+
+    for name in ("ensure_rootfs", "import_rootfs", "static_busybox"):
+        monkeypatch.setattr(images, name, fail)
+
+
+@pytest.mark.docker
+def test_base_image_has_python_git_bash(docker_client, base_image: str) -> None:
+    out = _sh(docker_client, base_image, "python3 --version; git --version; bash -c 'echo $BASH'")
+    assert "Python 3.11" in out
+    assert "git version" in out
+    assert "/bin/bash" in out or "/usr/bin/bash" in out
+
+
+@pytest.mark.docker
+def test_base_image_config(docker_client, base_image: str) -> None:
+    config = docker_client.images.get(base_image).attrs["Config"]
+    assert config["Cmd"] == ["/bin/bash"]
+    assert "LANG=C.UTF-8" in config["Env"]
+    assert config["Labels"]["org.orchard.built-by"] == "orchard"
+
+
+@pytest.mark.docker
+def test_busybox_image_has_no_python_and_no_libc(docker_client, busybox_image: str) -> None:
+    script = "ls -d /lib* /usr/lib* 2>/dev/null; which python3 || echo no-python; echo ok"
+    assert _sh(docker_client, busybox_image, script) == "no-python\nok\n"
+    assert _sh(docker_client, busybox_image, "test -d /tmp -a -d /root && whoami") == "root\n"
+
+
+@pytest.mark.docker
+def test_second_build_is_a_cache_hit(
+    docker_client, base_image: str, busybox_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = {tag: docker_client.images.get(tag).id for tag in (base_image, busybox_image)}
+    _forbid_building(monkeypatch)
+    assert images.build_base() == base_image
+    assert images.build_busybox() == busybox_image
+    assert images.image_exists(base_image)
+    assert {tag: docker_client.images.get(tag).id for tag in ids} == ids
+
+
+@pytest.mark.docker
+def test_rebuild_without_root_says_what_to_do(docker_client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCHARD_CACHE_DIR", str(tmp_path))  # no finished root filesystem
+    monkeypatch.setattr(images.os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match="root"):
+        images.build_base("orchard-test/never:built", force=True)
+
+
+def test_unreachable_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    with pytest.raises(EngineUnavailable, match="Docker engine"):
+        images.image_exists("orchard/base:bookworm")
+
+
+def test_static_busybox_is_checked(tmp_path: Path) -> None:
+    assert images.static_busybox() == images.BUSYBOX
+    with pytest.raises(ConfigError, match="busybox-static"):
+        images.static_busybox(tmp_path / "busybox")
+    with pytest.raises(ConfigError, match="busybox-static"):
+        images.static_busybox(Path(sys.executable).resolve())  # dynamically linked
+
+
+def test_find_mirror_reads_both_formats(tmp_path: Path) -> None:
+    one_line = tmp_path / "one"
+    (one_line / "sources.list.d").mkdir(parents=True)
+    (one_line / "sources.list").write_text(
+        "# deb http://commented.example/debian bookworm main\n"
+        "deb [signed-by=/k.gpg] http://security.example/debian-security bookworm-security main\n"
+        "deb [arch=amd64] http://mirror.example/debian/ bookworm main contrib\n"
+    )
+    assert images.find_mirror([one_line]) == "http://mirror.example/debian"
+
+    deb822 = tmp_path / "deb822"
+    (deb822 / "sources.list.d").mkdir(parents=True)
+    (deb822 / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://disabled.example/debian\nSuites: bookworm\nEnabled: no\n\n"
+        "Types: deb-src\nURIs: http://src.example/debian\nSuites: bookworm\n\n"
+        "Types: deb\n# a comment\nURIs: http://822.example/debian\n"
+        "Suites: bookworm bookworm-updates\nComponents: main\n"
+    )
+    (deb822 / "sources.list.d" / "other.list.disabled").write_text("deb http://ignored.example/debian bookworm main\n")
+    assert images.find_mirror([deb822]) == "http://822.example/debian"
+    assert images.find_mirror([tmp_path / "missing"]) == images.DEFAULT_MIRROR

@@ -1,0 +1,251 @@
+"""The SDK embedded (manager in-process) on a real Docker engine: exec, files, patches, isolation."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from orchard import store
+from orchard.errors import InvalidRequest, NotFound, SandboxError
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def box(client, base_image):
+    with client.create(base_image) as box:
+        yield box
+
+
+@pytest.fixture(scope="module")
+def tiny(client, busybox_image):
+    """A sandbox of an image with no Python and no libc."""
+    with client.create(busybox_image) as box:
+        yield box
+
+
+def test_exec_exit_codes_stderr_env_and_cwd(box):
+    result = box.exec("echo out; echo err >&2; exit 7")
+    assert (result.exit_code, result.stdout, result.stderr) == (7, "out\n", "err\n")
+    assert box.exec("pwd").stdout == "/workspace\n"
+    assert box.exec("pwd", cwd="/tmp").stdout == "/tmp\n"
+    assert box.exec("echo $GREETING", env={"GREETING": "hello there"}).stdout == "hello there\n"
+
+
+def test_agent_runtime_does_not_leak_into_commands(box):
+    env = box.exec("env").stdout
+    for name in ("PYTHONHOME", "LD_LIBRARY_PATH", "ORCHARD_AGENT_TOKEN", "PYTHONUTF8"):
+        assert f"{name}=" not in env
+    assert box.exec("python3 -c 'import sys; print(sys.version_info[:2])'").stdout == "(3, 11)\n"
+
+
+def test_list_command_is_quoted_not_joined(box):
+    result = box.exec(["printf", "[%s]\\n", "a b", "it's", '"q"', "$HOME"])
+    assert result.stdout == "[a b]\n[it's]\n[\"q\"]\n[$HOME]\n"
+
+
+def test_login_shell_sources_bashrc(box):
+    box.write_file("/root/.bashrc", "export FROM_BASHRC=yes\n")
+    assert box.exec("echo ${FROM_BASHRC:-no}").stdout == "no\n"
+    assert box.exec("echo ${FROM_BASHRC:-no}", login_shell=True).stdout == "yes\n"
+
+
+def test_timeout_kills_a_grandchild_that_ignores_sigterm(box):
+    script = "bash -c 'trap \"\" TERM; echo $$ > /tmp/grandchild; sleep 600' & echo started; wait"
+    result = box.exec(script, timeout=1.5)
+    assert result.exit_code == 124 and result.timed_out
+    assert result.stdout == "started\n"  # partial output kept
+    assert "timed out" in result.stderr
+    pid = box.read_file("/tmp/grandchild").decode().strip()
+    assert box.exec(f"kill -0 {pid}").exit_code != 0, "the grandchild survived the timeout"
+
+
+def test_background_process_holding_stdout_does_not_hang(box):
+    started = time.monotonic()
+    result = box.exec("sleep 30 & echo done", timeout=20)
+    assert result.stdout == "done\n" and result.exit_code == 0
+    assert time.monotonic() - started < 15
+
+
+def test_fifty_megabytes_of_output_is_capped_with_a_marker(box):
+    result = box.exec("head -c 50000000 /dev/zero | tr '\\0' x; echo; echo END")
+    assert result.exit_code == 0 and result.truncated
+    assert "bytes truncated" in result.stdout
+    assert result.stdout.startswith("xxxx") and result.stdout.endswith("END\n")
+    assert len(result.raw_stdout) < 10 * 2**20
+
+
+def test_binary_output_is_exact(box):
+    payload = bytes(range(256)) * 4
+    box.write_file("blob.bin", payload)
+    assert box.exec("cat blob.bin").raw_stdout == payload
+    assert box.exec(["base64", "-w0", "blob.bin"]).stdout == base64.b64encode(payload).decode()
+
+
+def test_files_round_trip_and_listing(box, tmp_path: Path):
+    payload = os.urandom(300_000)
+    assert box.write_file("/data/deep/er/file.bin", payload) == len(payload)
+    assert box.read_file("/data/deep/er/file.bin") == payload
+    box.write_file("rel.txt", "relative")
+    assert box.read_file("/workspace/rel.txt") == b"relative"
+    names = {f.name: f.type for f in box.list_files("/data/deep")}
+    assert names == {"er": "directory"}
+    with pytest.raises(NotFound):
+        box.read_file("/data/missing")
+    with pytest.raises(InvalidRequest):
+        box.read_file("/data/deep")  # a folder where a file is expected
+    with pytest.raises(InvalidRequest):
+        box.write_file("", b"x")
+
+
+def test_upload_and_download_folders(box, tmp_path: Path):
+    source = tmp_path / "src"
+    (source / "pkg" / "sub").mkdir(parents=True)
+    (source / "pkg" / "__init__.py").write_text("VALUE = 42\n")
+    (source / "pkg" / "sub" / "data.bin").write_bytes(os.urandom(5000))
+    box.upload(source, "/workspace/project")
+    assert box.exec("python3 -c 'import pkg; print(pkg.VALUE)'", cwd="/workspace/project").stdout == "42\n"
+    box.download("/workspace/project", tmp_path / "back")
+    assert (tmp_path / "back" / "pkg" / "sub" / "data.bin").read_bytes() == (
+        source / "pkg" / "sub" / "data.bin"
+    ).read_bytes()
+    box.download("/workspace/project/pkg/__init__.py", tmp_path / "init.py")
+    assert (tmp_path / "init.py").read_text() == "VALUE = 42\n"
+
+
+def test_apply_patch(box):
+    box.exec("rm -rf repo && mkdir repo && cd repo && git init -q && printf 'a\\nb\\n' > f.txt")
+    patch = textwrap.dedent(
+        """\
+        --- a/repo/f.txt
+        +++ b/repo/f.txt
+        @@ -1,2 +1,2 @@
+         a
+        -b
+        +c
+        """
+    )
+    assert box.apply_patch(patch).success
+    assert box.read_file("repo/f.txt") == b"a\nc\n"
+    again = box.apply_patch(patch)
+    assert not again.success and again.stderr
+
+
+def test_bad_input_is_refused_clearly(box):
+    with pytest.raises(InvalidRequest, match="cwd does not exist"):
+        box.exec("true", cwd="/no/such/dir")
+    with pytest.raises(InvalidRequest, match="command"):
+        box.exec(5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="command"):
+        box.exec([])
+
+
+def test_injection_into_an_image_without_python_or_libc(tiny):
+    assert tiny.exec("ls /lib /usr/lib 2>&1; which python3 || echo no-python").stdout.endswith("no-python\n")
+    assert tiny.exec(["echo", "a b"]).stdout == "a b\n"  # no bash: sh -c
+    tiny.write_file("/tmp/x", b"\x00\xff")
+    assert tiny.read_file("/tmp/x") == b"\x00\xff"
+
+
+def test_blocked_network_has_no_route_and_open_reaches_a_server(client, base_image):
+    """A server in another container this test started: reachable from `open`, not from `blocked`."""
+    with client.create(base_image, network="open") as server:
+        server.exec("nohup python3 -m http.server 8000 >/dev/null 2>&1 &")
+        address = server.exec("hostname -i").stdout.split()[0]
+        fetch = f"python3 -c \"import urllib.request as u; print(u.urlopen('http://{address}:8000/', timeout=5).status)\""
+        with client.create(base_image, network="open") as open_box:
+            for _ in range(50):
+                reached = open_box.exec(fetch, timeout=10)
+                if reached.stdout == "200\n":
+                    break
+                time.sleep(0.1)
+            assert reached.stdout == "200\n", reached.stderr
+        with client.create(base_image) as blocked:
+            assert blocked.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | xargs").stdout == "lo\n"
+            refused = blocked.exec(fetch, timeout=10)
+            assert refused.exit_code != 0 and "unreachable" in refused.stderr.lower()
+
+
+def test_unknown_image_fails_clearly_and_leaves_nothing(client, docker_client):
+    before = len(docker_client.containers.list(all=True))
+    with pytest.raises(NotFound, match="no-such-image"):
+        client.create("orchard/no-such-image:1")
+    assert len(docker_client.containers.list(all=True)) == before
+
+
+def test_container_that_dies_at_once_fails_at_once(client, base_image, docker_client):
+    """6 MiB is too little for the agent to start: the sandbox fails fast, with the reason."""
+    started = time.monotonic()
+    with pytest.raises(SandboxError, match="exited"):
+        client.create(base_image, memory="6Mi", timeout=60)
+    assert time.monotonic() - started < 30
+    assert not docker_client.containers.list(all=True, filters={"label": "org.orchard.managed=true", "status": "exited"})
+
+
+def test_store_records_sandboxes_and_commands(client, base_image):
+    from sqlmodel import select
+
+    with client.create(base_image) as box:
+        box.exec("echo recorded")
+        sandbox_id = box.id
+    client._manager.flush()
+    with store.session(client._manager.db_url) as db:
+        record = db.get(store.SandboxRecord, sandbox_id)
+        jobs = db.exec(select(store.ExecRecord).where(store.ExecRecord.sandbox_id == sandbox_id)).all()
+    assert record is not None and record.status == "deleted" and record.deleted_at
+    assert [(j.command, j.exit_code, j.stdout_bytes) for j in jobs] == [("echo recorded", 0, 9)]
+
+
+CHILD = """
+import sys, time
+from orchard.env import Client
+client = Client(db_url=sys.argv[1])
+box = client.create(sys.argv[2])
+print(box.id, flush=True)
+if sys.argv[3] == "wait":
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("ending", ["exit", "sigterm", "sigkill"])
+def test_sandboxes_do_not_outlive_their_process(ending, base_image, docker_client, tmp_path):
+    """Deleted at interpreter exit and on SIGTERM; after SIGKILL, the next manager reaps the orphan."""
+    from orchard.env.manager import SandboxManager
+
+    db = f"sqlite:///{tmp_path}/o.db"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, db, base_image, "exit" if ending == "exit" else "wait"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    sandbox_id = child.stdout.readline().strip()
+    assert sandbox_id
+    name = f"orchard-{sandbox_id}"
+    if ending != "exit":
+        child.send_signal(signal.SIGTERM if ending == "sigterm" else signal.SIGKILL)
+    child.wait(timeout=60)
+    if ending == "sigkill":
+        assert docker_client.containers.list(all=True, filters={"name": name})
+        SandboxManager("docker", db_url=db, reap_interval=None).close()  # reaps at start-up
+        with store.session(db) as session:
+            assert "orphaned" in session.get(store.SandboxRecord, sandbox_id).status_message
+    assert not docker_client.containers.list(all=True, filters={"name": name})
+
+
+def test_reaper_removes_expired_sandboxes(base_image, docker_client, tmp_path):
+    from orchard.env.backends import SandboxSpec
+    from orchard.env.manager import SandboxManager
+
+    with SandboxManager("docker", db_url=f"sqlite:///{tmp_path}/o.db", reap_interval=None) as manager:
+        info = manager.create(SandboxSpec(image=base_image, ttl=60))
+        assert manager.reap() == []
+        assert manager.reap(now=time.time() + 120) == [info.sandbox_id]
+        assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{info.sandbox_id}"})
