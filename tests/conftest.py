@@ -93,7 +93,9 @@ def service(docker_client, base_image, busybox_image, tmp_path_factory) -> Itera
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(create_app(Service(manager, key, max_upload_bytes=2**20)), host="127.0.0.1", port=port, log_level="warning")
+        uvicorn.Config(
+            create_app(Service(manager, key, max_upload_bytes=2**20)), host="127.0.0.1", port=port, log_level="warning"
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -139,6 +140,8 @@ class Service:
         self.heartbeats: dict[str, float] = {}
         self.jobs: dict[str, Job] = {}
         self.started_at = time.time()
+        self.on_close: list[Callable[[], None]] = []
+        """Run after every sandbox is deleted at shutdown (uvicorn re-raises SIGTERM right after)."""
 
     # sandboxes
 
@@ -317,6 +320,8 @@ def create_app(service: Service) -> FastAPI:
             task.cancel()
             await asyncio.gather(*(a.aclose() for a in service.agents.values()), return_exceptions=True)
             await run_in_threadpool(service.manager.close)
+            for hook in service.on_close:
+                hook()
 
     app = FastAPI(title="Orchard Env", version=__version__, lifespan=lifespan)
     _add_error_handlers(app)
@@ -534,16 +539,21 @@ def serve(
         timeout_keep_alive=150,
         access_log=False,
     )
-    server = uvicorn.Server(config)
     write_state(f"http://{host}:{port}", key)
+    service.on_close.append(_remove_state)
     try:
-        server.run()
+        uvicorn.Server(config).run()
     finally:
         manager.close()
-        with contextlib.suppress(FileNotFoundError):
-            state = json.loads(settings().service_state.read_text())
-            if state.get("pid") == os.getpid():
-                settings().service_state.unlink()
+        _remove_state()
+
+
+def _remove_state() -> None:
+    """Remove the state file if it is this process's."""
+    with contextlib.suppress(OSError, ValueError):
+        state = json.loads(settings().service_state.read_text())
+        if state.get("pid") == os.getpid():
+            settings().service_state.unlink()
 
 
 def main(argv: list[str] | None = None) -> None:

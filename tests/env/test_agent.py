@@ -646,15 +646,20 @@ def test_import_is_side_effect_free_and_the_module_closure_small() -> None:
     assert modules.isdisjoint({"asyncio", "multiprocessing", "typing", "argparse", "dataclasses"})
 
 
-def test_no_shell_gives_an_error_not_a_crash() -> None:
-    # The module is loaded in-process here, to run a server whose image has no shell.
+@pytest.fixture(scope="module")
+def server_module():
+    """server.py loaded in this process, for what a real agent process cannot show."""
     spec = importlib.util.spec_from_file_location("orchard_agent_server", SERVER)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_no_shell_gives_an_error_not_a_crash(server_module) -> None:
     root = tempfile.mkdtemp(dir="/tmp", prefix="oa-")
-    config = module.AgentConfig(TOKEN, root, shell=module.Shell(None, False))
-    server = module.make_server(config, tcp=("127.0.0.1", 0))
+    config = server_module.AgentConfig(TOKEN, root, shell=server_module.Shell(None, False))
+    server = server_module.make_server(config, tcp=("127.0.0.1", 0))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -668,3 +673,17 @@ def test_no_shell_gives_an_error_not_a_crash() -> None:
         server.shutdown()
         server.server_close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_without_pidfd_a_thread_notices_the_exit(server_module, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_pidfd(pid: int) -> int:
+        raise OSError(38, "Function not implemented")  # as on old kernels and some sandboxes
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    env = dict(os.environ)
+    result = server_module.run_process(["/bin/sh", "-c", "sleep 5 & echo $!; exit 3"], cwd="/", env=env, timeout=4)
+    pid = int(result.stdout.value())
+    os.kill(pid, signal.SIGKILL)
+    assert (result.exit_code, result.timed_out) == (3, False) and result.duration < 2
+    result = server_module.run_process(["/bin/sh", "-c", "sleep 5"], cwd="/", env=env, timeout=0.2)
+    assert (result.exit_code, result.timed_out) == (124, True) and result.duration < 2

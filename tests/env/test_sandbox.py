@@ -49,7 +49,7 @@ def test_agent_runtime_does_not_leak_into_commands(box):
 
 def test_list_command_is_quoted_not_joined(box):
     result = box.exec(["printf", "[%s]\\n", "a b", "it's", '"q"', "$HOME"])
-    assert result.stdout == "[a b]\n[it's]\n[\"q\"]\n[$HOME]\n"
+    assert result.stdout == '[a b]\n[it\'s]\n["q"]\n[$HOME]\n'
 
 
 def test_login_shell_sources_bashrc(box):
@@ -160,7 +160,9 @@ def test_blocked_network_has_no_route_and_open_reaches_a_server(client, base_ima
     with client.create(base_image, network="open") as server:
         server.exec("nohup python3 -m http.server 8000 >/dev/null 2>&1 &")
         address = server.exec("hostname -i").stdout.split()[0]
-        fetch = f"python3 -c \"import urllib.request as u; print(u.urlopen('http://{address}:8000/', timeout=5).status)\""
+        fetch = (
+            f"python3 -c \"import urllib.request as u; print(u.urlopen('http://{address}:8000/', timeout=5).status)\""
+        )
         with client.create(base_image, network="open") as open_box:
             for _ in range(50):
                 reached = open_box.exec(fetch, timeout=10)
@@ -187,7 +189,9 @@ def test_container_that_dies_at_once_fails_at_once(client, base_image, docker_cl
     with pytest.raises(SandboxError, match="exited"):
         client.create(base_image, memory="6Mi", timeout=60)
     assert time.monotonic() - started < 30
-    assert not docker_client.containers.list(all=True, filters={"label": "org.orchard.managed=true", "status": "exited"})
+    assert not docker_client.containers.list(
+        all=True, filters={"label": "org.orchard.managed=true", "status": "exited"}
+    )
 
 
 def test_store_records_sandboxes_and_commands(client, base_image):
