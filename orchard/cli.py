@@ -252,7 +252,7 @@ def sandbox_create(
 ) -> None:
     """Create a sandbox in the running service and print its id."""
     with _service_client() as client:
-        box = client.create(image, network=network, cpu=cpu, memory=memory, ttl=ttl, keep=True)  # type: ignore[arg-type]
+        box = client.create(image, network=network, cpu=cpu, memory=memory, ttl=ttl, keep=True)
         typer.echo(box.id)
 
 

@@ -16,7 +16,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-
 BASE_IMAGE = "orchard/base:bookworm"
 """The Debian image `orchard image build-base` makes offline; the default image of sandboxes."""
 

@@ -9,6 +9,7 @@ then periodically. Commands never pass through here: callers talk to `info.endpo
 
 from __future__ import annotations
 
+import builtins
 import queue
 import secrets
 import threading
@@ -62,7 +63,7 @@ class SandboxManager:
     ):
         if isinstance(backend, str):
             backend = backend_config(backend)
-        self.backend: Backend = backend.build() if hasattr(backend, "build") else backend  # type: ignore[union-attr]
+        self.backend: Backend = backend.build() if hasattr(backend, "build") else backend
         self.owner = owner or process_owner()
         self.db_url = db_url or settings().db_url
         store.get_engine(db_url)
@@ -96,7 +97,7 @@ class SandboxManager:
         try:
             endpoint = self.backend.create(sandbox_id, spec, secrets.token_urlsafe(24))
         except Exception as exc:
-            self._update(sandbox_id, status="failed", status_message=str(exc))
+            self._discard(sandbox_id, str(exc))
             raise
         return self._update(sandbox_id, endpoint=endpoint)
 
@@ -165,7 +166,7 @@ class SandboxManager:
 
     # -- reaping ----------------------------------------------------------------------
 
-    def reap(self, now: float | None = None) -> list[str]:
+    def reap(self, now: float | None = None) -> builtins.list[str]:
         """Delete expired sandboxes and orphans whose owner process is gone; return their ids."""
         now = now or time.time()
         reaped = []
@@ -205,11 +206,15 @@ class SandboxManager:
         return info
 
     def _fail(self, sandbox_id: str, message: str) -> SandboxInfo:
+        return self._raise_if_failed(self._discard(sandbox_id, message))
+
+    def _discard(self, sandbox_id: str, message: str) -> SandboxInfo:
+        """Remove whatever the backend made, and keep the sandbox only as a `failed` record."""
         self.backend.delete(sandbox_id)
         info = self._update(sandbox_id, status="failed", status_message=message)
         with self._lock:
             self._sandboxes.pop(sandbox_id, None)
-        return self._raise_if_failed(info)
+        return info
 
     @staticmethod
     def _raise_if_failed(info: SandboxInfo) -> SandboxInfo:

@@ -253,3 +253,37 @@ def test_reaper_removes_expired_sandboxes(base_image, docker_client, tmp_path):
         assert manager.reap() == []
         assert manager.reap(now=time.time() + 120) == [info.sandbox_id]
         assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{info.sandbox_id}"})
+
+
+def test_published_loopback_port_route(base_image, tmp_path):
+    """The fallback where sockets cannot cross (Docker Desktop): agent on TCP at a loopback port."""
+    from orchard.env.backends import DockerConfig, SandboxSpec
+    from orchard.env.calls import AgentCalls, send
+    from orchard.env.manager import SandboxManager, agent_http
+    from orchard.errors import ConfigError
+
+    with SandboxManager(DockerConfig(route="port"), db_url=f"sqlite:///{tmp_path}/o.db", reap_interval=None) as m:
+        info = m.create(SandboxSpec(image=base_image, network="open"))
+        assert info.endpoint.uds is None and info.endpoint.url.startswith("http://127.0.0.1:")
+        with agent_http(info.endpoint) as http:
+            assert send(http, AgentCalls().exec("echo over tcp")).stdout == "over tcp\n"
+        with pytest.raises(ConfigError, match="blocked"):
+            m.create(SandboxSpec(image=base_image))
+        assert [s.sandbox_id for s in m.list()] == [info.sandbox_id]
+
+
+def test_security_profile_holds_against_attempts(client, base_image):
+    """No capabilities, no privilege gain, a pids cap, limits applied: each checked by trying."""
+    with client.create(base_image, memory="256Mi", cpu=0.5) as box:
+        status = box.exec("grep -E '^(CapEff|NoNewPrivs)' /proc/self/status").stdout.split()
+        assert status == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1"]
+        mount = box.exec("mkdir -p /mnt/x && mount -t tmpfs none /mnt/x")
+        assert mount.exit_code != 0 and "permission denied" in mount.stderr.lower()
+        assert box.exec("chown nobody /etc/hostname").exit_code != 0  # CAP_CHOWN is gone
+        assert box.exec("mknod /tmp/disk b 8 0").exit_code != 0  # CAP_MKNOD is gone
+        memory = box.exec(
+            "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max"
+        )
+        assert memory.stdout.strip() == str(256 * 2**20)
+        pids = box.exec("cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max")
+        assert pids.stdout.strip() == "4096"

@@ -29,7 +29,7 @@ def remote(service):
 
 
 def test_open_routes_and_auth(service):
-    url, key = service
+    url, _key = service
     assert httpx.get(f"{url}/").json()["status"] == "running"
     assert httpx.get(f"{url}/health").json() == {"status": "healthy"}
     assert httpx.get(f"{url}/resources").status_code == 401

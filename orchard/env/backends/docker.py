@@ -14,6 +14,7 @@ optional cpu/memory limits, optional runtime (`runsc` for gVisor). Network `bloc
 
 from __future__ import annotations
 
+import builtins
 import shutil
 import threading
 from pathlib import Path
@@ -180,7 +181,7 @@ class DockerBackend:
 
     # -- helpers ----------------------------------------------------------------------
 
-    def _agent_argv(self, spec: SandboxSpec) -> list[str]:
+    def _agent_argv(self, spec: SandboxSpec) -> builtins.list[str]:
         listen = ["--tcp", f"0.0.0.0:{AGENT_PORT}"] if self.route == "port" else ["--unix", f"{RUN_MOUNT}/agent.sock"]
         return [*self.bundle.command(AGENT_MOUNT), *listen, "--workdir", spec.workdir]
 
