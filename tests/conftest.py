@@ -110,3 +110,41 @@ def service(docker_client, base_image, busybox_image, tmp_path_factory) -> Itera
     server.should_exit = True
     thread.join(timeout=60)
     manager.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A real PostgreSQL server on a Unix socket in a temporary folder (no TCP port at all)."""
+    import glob
+    import shutil
+    import subprocess
+    import tempfile
+
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+    if not bins:
+        message = "PostgreSQL is not installed (apt-get install postgresql); `./dev` installs it"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    folder = Path(tempfile.mkdtemp(prefix="orchard-pg-", dir="/tmp"))  # short, and open to the postgres user
+    folder.chmod(0o777)
+    as_user = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
+    data = folder / "data"
+    subprocess.run(
+        [*as_user, f"{bins[-1]}/initdb", "-A", "trust", "-U", "orchard", "-D", str(data)],
+        check=True,
+        capture_output=True,
+    )
+    options = f"-k {folder} -c listen_addresses=''"
+    log = str(folder / "server.log")  # the server must not inherit our pipes, or run() waits forever
+    subprocess.run(
+        [*as_user, f"{bins[-1]}/pg_ctl", "-D", str(data), "-l", log, "-o", options, "-w", "start"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        subprocess.run([*as_user, f"{bins[-1]}/createdb", "-h", str(folder), "-U", "orchard", "orchard"], check=True)
+        yield f"postgresql+psycopg://orchard@/orchard?host={folder}"
+    finally:
+        subprocess.run([*as_user, f"{bins[-1]}/pg_ctl", "-D", str(data), "-m", "immediate", "stop"], check=False)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -67,3 +67,19 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     with store.session(url) as db:
         assert db.exec(select(func.count()).select_from(store.ExecRecord)).one() == 600
     assert counts == sorted(counts)
+
+
+def test_postgresql_store_via_orchard_db_url(postgres_url, monkeypatch):
+    """ORCHARD_DB_URL with a PostgreSQL URL: the same tables, the same transactions, concurrent writers."""
+    monkeypatch.setenv("ORCHARD_DB_URL", postgres_url)
+    with store.session() as db:
+        db.add(_sandbox(1))
+    with pytest.raises(RuntimeError), store.session() as db:
+        db.add(_sandbox(2))
+        db.flush()
+        raise RuntimeError("crash mid-transaction")
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, postgres_url, str(w)]) for w in range(3)]
+    assert [w.wait(timeout=120) for w in writers] == [0, 0, 0]
+    with store.session() as db:
+        assert [r.id for r in db.exec(select(store.SandboxRecord)).all()] == ["sb1"]
+        assert db.exec(select(func.count()).select_from(store.ExecRecord)).one() == 450

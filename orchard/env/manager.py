@@ -247,34 +247,23 @@ class SandboxManager:
         with store.session(self.db_url) as db:
             record = db.get(store.SandboxRecord, sandbox_id)
             if record is not None:
-                record.status, record.status_message, record.deleted_at = (
-                    "deleted",
-                    f"reaped: {reason}",
-                    time.time(),
-                )
+                record.status, record.status_message = "deleted", f"reaped: {reason}"
+                record.deleted_at = time.time()
                 db.add(record)
 
 
 def agent_http(endpoint: AgentEndpoint, *, timeout: float | None = None) -> httpx.Client:
     """A pooled keep-alive HTTP client straight to one agent (Unix socket or URL)."""
-    transport = httpx.HTTPTransport(uds=endpoint.uds) if endpoint.uds else httpx.HTTPTransport()
-    return httpx.Client(
-        transport=transport,
-        base_url=endpoint.url,
-        headers={"Authorization": f"Bearer {endpoint.token}"},
-        timeout=timeout,
-    )
+    return httpx.Client(transport=httpx.HTTPTransport(uds=endpoint.uds), **_agent_options(endpoint, timeout))
 
 
 def async_agent_http(endpoint: AgentEndpoint, *, timeout: float | None = None) -> httpx.AsyncClient:
     """The async twin of `agent_http`."""
-    transport = httpx.AsyncHTTPTransport(uds=endpoint.uds) if endpoint.uds else httpx.AsyncHTTPTransport()
-    return httpx.AsyncClient(
-        transport=transport,
-        base_url=endpoint.url,
-        headers={"Authorization": f"Bearer {endpoint.token}"},
-        timeout=timeout,
-    )
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=endpoint.uds), **_agent_options(endpoint, timeout))
+
+
+def _agent_options(endpoint: AgentEndpoint, timeout: float | None) -> dict:
+    return {"base_url": endpoint.url, "headers": {"Authorization": f"Bearer {endpoint.token}"}, "timeout": timeout}
 
 
 def _answers(http: httpx.Client) -> bool:
