@@ -3,7 +3,9 @@
     OrchardError
     ├── ConfigError(ValueError)          a setting or an argument is wrong; the message says how to fix it
     ├── NotFound(LookupError)            an unknown sandbox, job, file or image
+    │   └── ImageNotFound(SandboxError)  a sandbox's image is not in the engine
     ├── InvalidRequest(ValueError)       a request the agent or service refuses (bad path, bad cwd, ...)
+    │   └── Conflict                     the name is taken (a sandbox id already in use)
     ├── AuthError(PermissionError)       a missing or wrong token / API key
     ├── EngineUnavailable(ConnectionError)  the container engine or the service cannot be reached
     ├── SandboxError(RuntimeError)       a sandbox failed to start or died
@@ -31,6 +33,10 @@ class InvalidRequest(OrchardError, ValueError):
     """A request that the agent or the service refuses."""
 
 
+class Conflict(InvalidRequest):
+    """A name already in use, such as a sandbox id."""
+
+
 class AuthError(OrchardError, PermissionError):
     """A missing or wrong token or API key."""
 
@@ -53,3 +59,7 @@ class AgentError(OrchardError, ConnectionError):
 
 class Overloaded(OrchardError, RuntimeError):
     """Transient overload (HTTP 503): safe to retry later."""
+
+
+class ImageNotFound(NotFound, SandboxError):
+    """A sandbox's image is not in the engine (also a SandboxError: its start failed)."""

@@ -94,7 +94,10 @@ def service(docker_client, base_image, busybox_image, tmp_path_factory) -> Itera
         port = s.getsockname()[1]
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(Service(manager, key, max_upload_bytes=2**20)), host="127.0.0.1", port=port, log_level="warning"
+            create_app(Service(manager, key, max_upload_bytes=2**20, heartbeat_silence=1.5, housekeep_interval=0.5)),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
         )
     )
     thread = threading.Thread(target=server.run, daemon=True)

@@ -60,6 +60,8 @@ def test_user_mistakes_are_one_line_errors(service, monkeypatch):
         (["sandbox", "create", "orchard/nope:0"], "image 'orchard/nope:0' not found"),
         (["sandbox", "create", "--memory", "lots"], "memory 'lots' is not a size"),
         (["sandbox", "create", "--network", "wide"], "network must be 'blocked' or 'open'"),
+        (["sandbox", "create", "--memory", "1e400"], "memory '1e400' is not a size"),
+        (["sandbox", "rm", ".."], "sandbox id '..' is invalid"),
     ]:
         result = runner.invoke(app, argv)
         assert result.exit_code == 1, (argv, result.output)
@@ -73,6 +75,19 @@ def test_no_service_running_is_a_clear_error(orchard_home):
     result = runner.invoke(app, ["sandbox", "ls"])
     assert result.exit_code == 1
     assert result.stderr == "error: no Orchard service is running: start one with `orchard up` (or set ORCHARD_URL)\n"
+
+
+def test_an_unreachable_service_is_a_clear_error(orchard_home, monkeypatch):
+    monkeypatch.setenv("ORCHARD_URL", "http://127.0.0.1:9")  # the discard port: nothing listens
+    for argv in (
+        ["sandbox", "ls"],
+        ["sandbox", "create"],
+        ["sandbox", "rm", "abc"],
+        ["sandbox", "exec", "abc", "true"],
+    ):
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 1, result.output
+        assert result.stderr.startswith("error: no answer from http://127.0.0.1:9") and result.stderr.count("\n") == 1
 
 
 @pytest.mark.docker

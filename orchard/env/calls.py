@@ -15,13 +15,15 @@ from typing import Any
 
 import httpx
 
+from orchard.env.backends.base import check_sandbox_id
 from orchard.errors import (
     AgentError,
     AuthError,
+    Conflict,
     InvalidRequest,
     NotFound,
-    OrchardError,
     Overloaded,
+    SandboxError,
     SandboxNotReady,
 )
 
@@ -43,6 +45,9 @@ class ExecResult:
     error: str | None = None
     raw_stdout: bytes = field(default=b"", repr=False)
     raw_stderr: bytes = field(default=b"", repr=False)
+    stdout_bytes: int = 0
+    """Bytes the command wrote to stdout, counting any dropped by the cap."""
+    stderr_bytes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -112,7 +117,9 @@ def raise_for_status(response: httpx.Response) -> None:
         raise SandboxNotReady(message)
     if status == 503:
         raise Overloaded(message)
-    if status in (400, 405, 409, 413, 422):
+    if status == 409:
+        raise Conflict(message)
+    if status in (400, 405, 413, 422):
         raise InvalidRequest(message)
     raise AgentError(f"HTTP {status}: {message}")
 
@@ -171,6 +178,8 @@ class AgentCalls:
             error=body["error"],
             raw_stdout=stdout,
             raw_stderr=stderr,
+            stdout_bytes=body["stdout_bytes"],
+            stderr_bytes=body["stderr_bytes"],
         )
 
     def read_file(self, path: str) -> Call:
@@ -195,15 +204,12 @@ class AgentCalls:
         body = {"patch": patch, "timeout": timeout}
         return Call("POST", "/apply_patch", _patch_result, json=body, timeout=_http_timeout(timeout))
 
-    def health(self) -> Call:
-        return Call("GET", "/health", lambda r: r.json(), timeout=5.0)
-
 
 class ServiceCalls:
     """The same operations through an `orchard up` service (the Orchard Env REST API)."""
 
     def __init__(self, sandbox_id: str):
-        self.sandbox_id = sandbox_id
+        self.sandbox_id = check_sandbox_id(sandbox_id)
         self.prefix = f"/sandboxes/{sandbox_id}"
 
     def exec(
@@ -242,17 +248,21 @@ class ServiceCalls:
                 params={"timeout": JOB_POLL_SECONDS},
                 timeout=JOB_POLL_SECONDS + 30.0,
             )
-        stdout, stderr = job["stdout"], job["stderr"]
+        if job.get("rejected"):  # the agent refused the request itself, as AgentCalls raises
+            raise InvalidRequest(job["error"])
+        stdout, stderr = job["stdout"].encode(), job["stderr"].encode()
         return ExecResult(
             exit_code=job["exit_code"],
-            stdout=stdout,
-            stderr=stderr,
+            stdout=job["stdout"],
+            stderr=job["stderr"],
             duration=(job["completed_at"] or 0) - (job["started_at"] or 0),
-            timed_out=job["exit_code"] == 124 and bool(job.get("error")),
-            truncated=bool(job.get("truncated", False)),
+            timed_out=bool(job.get("timed_out")),
+            truncated=bool(job.get("truncated")),
             error=job["error"],
-            raw_stdout=stdout.encode(),
-            raw_stderr=stderr.encode(),
+            raw_stdout=stdout,
+            raw_stderr=stderr,
+            stdout_bytes=job.get("stdout_bytes", len(stdout)),
+            stderr_bytes=job.get("stderr_bytes", len(stderr)),
         )
 
     def read_file(self, path: str) -> Call:
@@ -294,8 +304,38 @@ class ServiceCalls:
             timeout=_http_timeout(timeout),
         )
 
-    def health(self) -> Call:
-        return Call("GET", self.prefix, lambda r: r.json())
+
+class ServiceSandboxes:
+    """Lifecycle calls of the service: create, wait, delete, list."""
+
+    @staticmethod
+    def create(body: dict[str, Any]) -> Call:
+        def created(response: httpx.Response) -> str:
+            sandbox = response.json()
+            if sandbox["status"] == "failed":
+                raise SandboxError(sandbox.get("status_message") or "the sandbox failed to start")
+            return sandbox["sandbox_id"]
+
+        return Call("POST", "/sandboxes", created, json=body)
+
+    @staticmethod
+    def wait(sandbox_id: str, timeout: float) -> Call:
+        def ready(response: httpx.Response) -> dict:
+            sandbox = response.json()
+            if sandbox["status"] == "failed":
+                raise SandboxError(sandbox.get("status_message") or f"sandbox {sandbox_id} failed to start")
+            return sandbox
+
+        params = {"timeout": timeout}
+        return Call("GET", f"/sandboxes/{sandbox_id}/wait", ready, params=params, timeout=timeout + 30)
+
+    @staticmethod
+    def delete(sandbox_id: str) -> Call:
+        return Call("DELETE", f"/sandboxes/{check_sandbox_id(sandbox_id)}", lambda r: None)
+
+    @staticmethod
+    def list() -> Call:
+        return Call("GET", "/sandboxes", lambda r: r.json()["sandboxes"])
 
 
 def _path(path: str) -> str:
@@ -322,9 +362,11 @@ def _patch_result(response: httpx.Response) -> PatchResult:
 def send(http: httpx.Client, call: Call) -> Any:
     """Send a call (and any follow-up call its answer asks for) with a sync client."""
     while True:
-        response = _request(http, call)
-        raise_for_status(response)
-        result = call.parse(response)
+        try:
+            response = http.request(call.method, call.path, **_request_options(call))
+        except httpx.TransportError as exc:
+            raise _unreachable(http.base_url, exc) from exc
+        result = _parse(call, response)
         if not isinstance(result, Call):
             return result
         call = result
@@ -334,45 +376,25 @@ async def asend(http: httpx.AsyncClient, call: Call) -> Any:
     """Send a call (and its follow-ups) with an async client."""
     while True:
         try:
-            response = await http.request(
-                call.method,
-                call.path,
-                params=call.params,
-                json=call.json,
-                content=call.content,
-                timeout=call.timeout,
-            )
+            response = await http.request(call.method, call.path, **_request_options(call))
         except httpx.TransportError as exc:
-            raise AgentError(f"no answer from {http.base_url}: {exc}") from exc
-        raise_for_status(response)
-        result = call.parse(response)
+            raise _unreachable(http.base_url, exc) from exc
+        result = _parse(call, response)
         if not isinstance(result, Call):
             return result
         call = result
 
 
-def _request(http: httpx.Client, call: Call) -> httpx.Response:
-    try:
-        return http.request(
-            call.method,
-            call.path,
-            params=call.params,
-            json=call.json,
-            content=call.content,
-            timeout=call.timeout,
-        )
-    except httpx.TransportError as exc:
-        raise AgentError(f"no answer from {http.base_url}: {exc}") from exc
+def _request_options(call: Call) -> dict[str, Any]:
+    timeout = httpx.USE_CLIENT_DEFAULT if call.timeout is None else call.timeout
+    return {"params": call.params, "json": call.json, "content": call.content, "timeout": timeout}
 
 
-__all__ = [
-    "AgentCalls",
-    "Call",
-    "ExecResult",
-    "FileInfo",
-    "OrchardError",
-    "PatchResult",
-    "ServiceCalls",
-    "asend",
-    "send",
-]
+def _parse(call: Call, response: httpx.Response) -> Any:
+    raise_for_status(response)
+    return call.parse(response)
+
+
+def _unreachable(url: httpx.URL, exc: httpx.TransportError) -> AgentError:
+    where = "the sandbox's agent" if url.host == "agent" else str(url)
+    return AgentError(f"no answer from {where}: {type(exc).__name__} {exc}".rstrip())

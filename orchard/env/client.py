@@ -19,14 +19,16 @@ import asyncio
 import atexit
 import io
 import json
+import math
 import os
 import signal
+import sys
 import tarfile
 import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +43,8 @@ from orchard.env.calls import (
     FileInfo,
     PatchResult,
     ServiceCalls,
+    ServiceSandboxes,
     asend,
-    raise_for_status,
     send,
 )
 from orchard.env.manager import SandboxInfo, SandboxManager, agent_http, async_agent_http
@@ -59,6 +61,9 @@ __all__ = [
 ]
 
 _open_clients: weakref.WeakSet = weakref.WeakSet()
+
+DEFAULT_EXEC_TIMEOUT = 300.0
+"""Seconds a command may run unless told otherwise (the service API's default too)."""
 
 
 class Sandbox:
@@ -86,11 +91,15 @@ class Sandbox:
         *,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_EXEC_TIMEOUT,
         login_shell: bool = False,
         stdin: bytes | None = None,
     ) -> ExecResult:
-        """Run `command` (a shell string, or a list quoted for the shell) and wait for it."""
+        """Run `command` (a shell string, or a list quoted for the shell) and wait for it.
+
+        After `timeout` seconds its whole process group is killed (exit code 124); None means no
+        limit when talking to the agent directly, and the service's 300 s otherwise.
+        """
         started = time.time()
         result = self._send(
             self._calls.exec(command, cwd=cwd, env=env, timeout=timeout, login_shell=login_shell, stdin=stdin)
@@ -128,15 +137,13 @@ class Sandbox:
         return self._send(self._calls.apply_patch(patch, timeout))
 
     def delete(self) -> None:
-        """Delete the sandbox; idempotent."""
+        """Delete the sandbox; idempotent (a failed delete may be retried)."""
         if self._deleted:
             return
+        self._on_delete(self.id)
         self._deleted = True
-        try:
-            self._on_delete(self.id)
-        finally:
-            if self._owns_http:
-                self._http.close()
+        if self._owns_http:
+            self._http.close()
 
     def _send(self, call: Call) -> Any:
         if self._deleted:
@@ -202,11 +209,11 @@ class Client:
             info = self._manager.create(spec, sandbox_id=sandbox_id, timeout=timeout)
             box = self._direct(info)
         else:
-            sandbox_id = self._service_create(spec, sandbox_id)
+            sandbox_id = send(self._http, ServiceSandboxes.create(service_body(spec, sandbox_id)))
             try:
-                send(self._http, _wait_call(sandbox_id, timeout))
+                send(self._http, ServiceSandboxes.wait(sandbox_id, timeout))
             except BaseException:
-                self._service_delete(sandbox_id)
+                send(self._http, ServiceSandboxes.delete(sandbox_id))
                 raise
             box = self.attach(sandbox_id)
         if not keep:
@@ -218,30 +225,38 @@ class Client:
         """A handle on an existing sandbox (of the service, or of this embedded client)."""
         self._check_open()
         if self._manager is not None:
-            return self._direct(self._manager.get(sandbox_id))
+            with self._lock:
+                mine = self._mine.get(sandbox_id)
+            return mine or self._direct(self._manager.get(sandbox_id))
         return Sandbox(sandbox_id, "", self._http, ServiceCalls(sandbox_id), self._forget_remote, owns_http=False)
 
     def list(self) -> list[dict]:
         """Live sandboxes (of this client when embedded; of the service when remote)."""
         if self._manager is not None:
             return [_public(info) for info in self._manager.list()]
-        response = self._http.get("/sandboxes")
-        raise_for_status(response)
-        return response.json()["sandboxes"]
+        return send(self._http, ServiceSandboxes.list())
 
     def close(self) -> None:
-        """Delete every sandbox this client created; idempotent."""
+        """Delete every sandbox this client created; idempotent. Tries them all, then raises."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             boxes = list(self._mine.values())
+        failures = []
         for box in boxes:
-            box.delete()
-        if self._manager is not None:
-            self._manager.close()
-        else:
-            self._http.close()
+            try:
+                box.delete()
+            except Exception as exc:  # delete the others first
+                failures.append(exc)
+        try:
+            if self._manager is not None:
+                self._manager.close()
+            else:
+                self._http.close()
+        finally:
+            if failures:
+                raise failures[0]
 
     def __enter__(self) -> Client:
         return self
@@ -263,25 +278,17 @@ class Client:
         )
 
     def _forget_local(self, sandbox_id: str) -> None:
-        with self._lock:
-            self._mine.pop(sandbox_id, None)
         assert self._manager is not None
         self._manager.delete(sandbox_id)
+        with self._lock:
+            self._mine.pop(sandbox_id, None)
 
     # -- remote -----------------------------------------------------------------------
 
-    def _service_create(self, spec: SandboxSpec, sandbox_id: str | None) -> str:
-        response = self._http.post("/sandboxes", json=service_body(spec, sandbox_id))
-        raise_for_status(response)
-        return response.json()["sandbox_id"]
-
-    def _service_delete(self, sandbox_id: str) -> None:
-        raise_for_status(self._http.delete(f"/sandboxes/{sandbox_id}"))
-
     def _forget_remote(self, sandbox_id: str) -> None:
+        send(self._http, ServiceSandboxes.delete(sandbox_id))
         with self._lock:
             self._mine.pop(sandbox_id, None)
-        self._service_delete(sandbox_id)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -296,17 +303,14 @@ class AsyncSandbox:
         sandbox_id: str,
         image: str,
         http: httpx.AsyncClient,
-        calls,
-        on_delete,
+        calls: AgentCalls | ServiceCalls,
+        on_delete: Callable[[str], Awaitable[None]],
+        on_exec: Callable[[str, str, ExecResult, float], None] | None = None,
         owns_http: bool = True,
     ):
         self.id, self.image = sandbox_id, image
-        self._http, self._calls, self._on_delete, self._owns_http = (
-            http,
-            calls,
-            on_delete,
-            owns_http,
-        )
+        self._http, self._calls, self._on_delete, self._on_exec = http, calls, on_delete, on_exec
+        self._owns_http = owns_http
         self._deleted = False
 
     async def exec(
@@ -315,14 +319,18 @@ class AsyncSandbox:
         *,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_EXEC_TIMEOUT,
         login_shell: bool = False,
         stdin: bytes | None = None,
     ) -> ExecResult:
-        """Run `command` and wait for it."""
-        return await self._send(
+        """Run `command` and wait for it (see `Sandbox.exec`)."""
+        started = time.time()
+        result = await self._send(
             self._calls.exec(command, cwd=cwd, env=env, timeout=timeout, login_shell=login_shell, stdin=stdin)
         )
+        if self._on_exec:
+            self._on_exec(self.id, _command_text(command), result, started)
+        return result
 
     async def read_file(self, path: str) -> bytes:
         """The bytes of a file."""
@@ -354,15 +362,13 @@ class AsyncSandbox:
         return await self._send(self._calls.apply_patch(patch, timeout))
 
     async def delete(self) -> None:
-        """Delete the sandbox; idempotent."""
+        """Delete the sandbox; idempotent (a failed delete may be retried)."""
         if self._deleted:
             return
+        await self._on_delete(self.id)
         self._deleted = True
-        try:
-            await self._on_delete(self.id)
-        finally:
-            if self._owns_http:
-                await self._http.aclose()
+        if self._owns_http:
+            await self._http.aclose()
 
     async def _send(self, call: Call) -> Any:
         if self._deleted:
@@ -418,21 +424,19 @@ class AsyncClient:
             manager = self._manager
             info = await asyncio.to_thread(manager.create, spec, sandbox_id=sandbox_id, timeout=timeout)
             assert info.endpoint is not None
-            box = AsyncSandbox(info.sandbox_id, image, async_agent_http(info.endpoint), AgentCalls(), self._forget)
-        else:
-            response = await self._http.post("/sandboxes", json=service_body(spec, sandbox_id))
-            raise_for_status(response)
-            sandbox_id = response.json()["sandbox_id"]
             box = AsyncSandbox(
-                sandbox_id,
+                info.sandbox_id,
                 image,
-                self._http,
-                ServiceCalls(sandbox_id),
+                async_agent_http(info.endpoint),
+                AgentCalls(),
                 self._forget,
-                owns_http=False,
+                on_exec=manager.record_exec,
             )
+        else:
+            sandbox_id = await asend(self._http, ServiceSandboxes.create(service_body(spec, sandbox_id)))
+            box = AsyncSandbox(sandbox_id, image, self._http, ServiceCalls(sandbox_id), self._forget, owns_http=False)
             try:
-                await asend(self._http, _wait_call(sandbox_id, timeout))
+                await asend(self._http, ServiceSandboxes.wait(sandbox_id, timeout))
             except BaseException:
                 await box.delete()
                 raise
@@ -440,22 +444,27 @@ class AsyncClient:
         return box
 
     async def _forget(self, sandbox_id: str) -> None:
-        self._mine.pop(sandbox_id, None)
         if self._manager is not None:
             await asyncio.to_thread(self._manager.delete, sandbox_id)
         else:
-            raise_for_status(await self._http.delete(f"/sandboxes/{sandbox_id}"))
+            await asend(self._http, ServiceSandboxes.delete(sandbox_id))
+        self._mine.pop(sandbox_id, None)
 
     async def aclose(self) -> None:
-        """Delete every sandbox this client created; idempotent."""
+        """Delete every sandbox this client created; idempotent. Tries them all, then raises."""
         if self._closed:
             return
         self._closed = True
-        await asyncio.gather(*(box.delete() for box in list(self._mine.values())))
-        if self._manager is not None:
-            await asyncio.to_thread(self._manager.close)
-        else:
-            await self._http.aclose()
+        outcomes = await asyncio.gather(*(box.delete() for box in list(self._mine.values())), return_exceptions=True)
+        try:
+            if self._manager is not None:
+                await asyncio.to_thread(self._manager.close)
+            else:
+                await self._http.aclose()
+        finally:
+            failures = [o for o in outcomes if isinstance(o, BaseException)]
+            if failures:
+                raise failures[0]
 
     def close(self) -> None:
         """Synchronous last-resort cleanup (interpreter exit): delete what is left."""
@@ -467,7 +476,7 @@ class AsyncClient:
         else:
             with httpx.Client(base_url=str(self._http.base_url), headers=dict(self._http.headers)) as http:
                 for sandbox_id in list(self._mine):
-                    http.delete(f"/sandboxes/{sandbox_id}")
+                    send(http, ServiceSandboxes.delete(sandbox_id))
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -494,9 +503,9 @@ def make_spec(
         raise InvalidRequest("image must be a non-empty image reference such as orchard/base:bookworm")
     if network not in ("blocked", "open"):
         raise InvalidRequest(f"network must be 'blocked' or 'open', not {network!r}")
-    if cpu is not None and cpu <= 0:
-        raise InvalidRequest(f"cpu must be positive, not {cpu}")
-    if ttl <= 0:
+    if cpu is not None and not (math.isfinite(cpu) and cpu > 0):
+        raise InvalidRequest(f"cpu must be a positive number of cores, not {cpu}")
+    if not (math.isfinite(ttl) and ttl > 0):
         raise InvalidRequest(f"ttl must be positive seconds, not {ttl}")
     return SandboxSpec(
         image=image,
@@ -527,22 +536,6 @@ def service_body(spec: SandboxSpec, sandbox_id: str | None) -> dict:
     if spec.run_id:
         body["run_id"] = spec.run_id
     return body
-
-
-def _wait_call(sandbox_id: str, timeout: float) -> Call:
-    def ready(response: httpx.Response) -> dict:
-        body = response.json()
-        if body["status"] == "failed":
-            raise SandboxError(body.get("status_message") or f"sandbox {sandbox_id} failed to start")
-        return body
-
-    return Call(
-        "GET",
-        f"/sandboxes/{sandbox_id}/wait",
-        ready,
-        params={"timeout": timeout},
-        timeout=timeout + 30,
-    )
 
 
 def running_service() -> dict | None:
@@ -647,17 +640,20 @@ def _track(client: Client | AsyncClient) -> None:
     _install_handlers()
 
 
-_handlers_installed = False
+_atexit_installed = False
+_sigterm_installed = False
 
 
 def _install_handlers() -> None:
-    global _handlers_installed
-    if _handlers_installed:
+    """atexit once; the SIGTERM handler as soon as a client is made in the main thread."""
+    global _atexit_installed, _sigterm_installed
+    if not _atexit_installed:
+        _atexit_installed = True
+        atexit.register(_close_all)
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
         return
-    _handlers_installed = True
-    atexit.register(_close_all)
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    if in_main_thread and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+    _sigterm_installed = True
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
 
@@ -670,5 +666,5 @@ def _close_all() -> None:
     for client in list(_open_clients):
         try:
             client.close()
-        except Exception:  # best effort at exit: the reaper removes anything left
-            continue
+        except Exception as exc:  # best effort at exit: a later manager reaps what is left
+            print(f"orchard: could not delete every sandbox at exit: {exc}", file=sys.stderr)

@@ -10,6 +10,7 @@ then periodically. Commands never pass through here: callers talk to `info.endpo
 from __future__ import annotations
 
 import builtins
+import logging
 import queue
 import secrets
 import threading
@@ -18,14 +19,17 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import httpx
+from pydantic import BaseModel
 
 from orchard import store
 from orchard.config import settings
 from orchard.env.backends import AgentEndpoint, Backend, BackendConfig, SandboxSpec, backend_config
-from orchard.env.backends.base import owner_alive, process_owner
-from orchard.errors import NotFound, SandboxError, SandboxNotReady
+from orchard.env.backends.base import check_sandbox_id, owner_alive, process_owner
+from orchard.errors import Conflict, NotFound, SandboxError, SandboxNotReady
 
 Status = Literal["pending", "ready", "failed", "deleted"]
+
+log = logging.getLogger("orchard.env")
 
 
 @dataclass(frozen=True)
@@ -63,14 +67,14 @@ class SandboxManager:
     ):
         if isinstance(backend, str):
             backend = backend_config(backend)
-        self.backend: Backend = backend.build() if hasattr(backend, "build") else backend
+        self.backend: Backend = backend.build() if isinstance(backend, BaseModel) else backend
         self.owner = owner or process_owner()
         self.db_url = db_url or settings().db_url
-        store.get_engine(db_url)
+        store.get_engine(self.db_url)
         self._sandboxes: dict[str, SandboxInfo] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._recorder = _ExecRecorder(db_url)
+        self._recorder = _ExecRecorder(self.db_url)
         self.reap()
         if reap_interval:
             threading.Thread(
@@ -86,20 +90,27 @@ class SandboxManager:
 
     def start(self, spec: SandboxSpec, *, sandbox_id: str | None = None) -> SandboxInfo:
         """Ask the backend for the sandbox and return it `pending` (the agent may not answer yet)."""
-        sandbox_id = sandbox_id or new_sandbox_id()
+        sandbox_id = check_sandbox_id(sandbox_id) if sandbox_id is not None else new_sandbox_id()
         spec = replace(spec, owner=self.owner)
         with self._lock:
             if sandbox_id in self._sandboxes:
-                raise SandboxError(f"sandbox id {sandbox_id!r} is already in use; pick another or omit it")
+                raise Conflict(f"sandbox id {sandbox_id!r} is already in use; pick another or omit it")
             info = SandboxInfo(sandbox_id, spec, None, "pending", time.time())
             self._sandboxes[sandbox_id] = info
-        self._save(info)
         try:
             endpoint = self.backend.create(sandbox_id, spec, secrets.token_urlsafe(24))
-        except Exception as exc:
-            self._discard(sandbox_id, str(exc))
+        except Conflict:  # someone else's sandbox: neither touch it nor its record
+            with self._lock:
+                self._sandboxes.pop(sandbox_id, None)
             raise
-        return self._update(sandbox_id, endpoint=endpoint)
+        except Exception as exc:  # the backend removed what it made; keep a `failed` record
+            self._discard(sandbox_id, str(exc), remove=False)
+            raise
+        try:
+            return self._update(sandbox_id, endpoint=endpoint)
+        except NotFound:  # deleted while the backend was creating it
+            self.backend.delete(sandbox_id)
+            raise
 
     def wait_ready(self, sandbox_id: str, *, timeout: float = 120.0) -> SandboxInfo:
         """Block until the agent answers its health check; a dead container fails at once."""
@@ -110,9 +121,8 @@ class SandboxManager:
         deadline = time.monotonic() + timeout
         with agent_http(info.endpoint, timeout=2.0) as http:
             delay, next_state_check = 0.002, time.monotonic() + 0.2
-            while True:
-                if _answers(http):
-                    return self._update(sandbox_id, status="ready", ready_at=time.time())
+            while not _answers(http):
+                self.get(sandbox_id)  # NotFound once deleted meanwhile
                 now = time.monotonic()
                 if now >= next_state_check:
                     next_state_check = now + 0.5
@@ -120,20 +130,18 @@ class SandboxManager:
                     if not state.running:
                         return self._fail(sandbox_id, f"sandbox {sandbox_id} did not start: {state.message}")
                 if now >= deadline:
-                    self._fail(
-                        sandbox_id,
-                        f"the agent of sandbox {sandbox_id} did not answer within {timeout:.0f} s",
-                    )
-                    raise SandboxNotReady(f"sandbox {sandbox_id} was not ready within {timeout:.0f} s")
+                    self._discard(sandbox_id, f"the agent of sandbox {sandbox_id} did not answer within {timeout:g} s")
+                    raise SandboxNotReady(f"sandbox {sandbox_id} was not ready within {timeout:g} s")
                 time.sleep(delay)
                 delay = min(delay * 1.5, 0.05)
+        return self._update(sandbox_id, status="ready", ready_at=time.time())
 
     def delete(self, sandbox_id: str) -> None:
         """Delete a sandbox; idempotent (also for ids already gone)."""
-        self.backend.delete(sandbox_id)
+        self.backend.delete(check_sandbox_id(sandbox_id))
         with self._lock:
             known = self._sandboxes.pop(sandbox_id, None)
-        if known is not None and known.status != "failed":
+        if known is not None:
             self._save(replace(known, status="deleted"), deleted_at=time.time())
 
     def get(self, sandbox_id: str) -> SandboxInfo:
@@ -144,19 +152,58 @@ class SandboxManager:
             raise NotFound(f"no sandbox {sandbox_id!r}; `orchard sandbox ls` lists the live ones")
         return info
 
+    def check_alive(self, sandbox_id: str) -> SandboxInfo:
+        """The sandbox, after asking the engine: one whose container died is failed (and removed)."""
+        info = self.get(sandbox_id)
+        if info.status == "ready":
+            state = self.backend.state(sandbox_id)
+            if not state.running:
+                return self._discard(sandbox_id, f"sandbox {sandbox_id} stopped: {state.message}")
+        return info
+
+    def recorded(self, sandbox_id: str) -> SandboxInfo | None:
+        """The sandbox as the store last recorded it, live or not (None if never seen)."""
+        with store.session(self.db_url) as db:
+            record = db.get(store.SandboxRecord, check_sandbox_id(sandbox_id))
+        if record is None:
+            return None
+        spec = SandboxSpec(
+            image=record.image,
+            network="open" if record.network == "open" else "blocked",
+            cpu=record.cpu,
+            memory_bytes=record.memory_bytes,
+            ttl=record.ttl,
+            owner=record.owner,
+            run_id=record.run_id,
+        )
+        status: Status = record.status  # type: ignore[assignment]
+        return SandboxInfo(record.id, spec, None, status, record.created_at, record.status_message, record.ready_at)
+
     def list(self) -> list[SandboxInfo]:
         """Sandboxes of this manager, oldest first."""
         with self._lock:
             return sorted(self._sandboxes.values(), key=lambda s: s.created_at)
 
     def close(self) -> None:
-        """Delete every sandbox this manager owns and stop its threads; idempotent."""
+        """Delete every sandbox this manager owns and stop its threads; idempotent.
+
+        Every sandbox is tried even if one delete fails; the first failure is raised at the end.
+        """
         if self._closed.is_set():
             return
         self._closed.set()
+        failures = []
         for info in self.list():
-            self.delete(info.sandbox_id)
+            try:
+                self.delete(info.sandbox_id)
+            except Exception as exc:  # keep deleting the others; raise after
+                failures.append(exc)
         self._recorder.close()
+        close_backend = getattr(self.backend, "close", None)
+        if close_backend:
+            close_backend()
+        if failures:
+            raise failures[0]
 
     def __enter__(self) -> SandboxManager:
         return self
@@ -173,7 +220,7 @@ class SandboxManager:
         for found in self.backend.list():
             expired = found.expires_at and found.expires_at < now
             if expired or not owner_alive(found.owner):
-                self.backend.delete(found.sandbox_id)
+                self.backend.delete(check_sandbox_id(found.sandbox_id))
                 with self._lock:
                     self._sandboxes.pop(found.sandbox_id, None)
                 reason = "expired (TTL)" if expired else f"orphaned (owner {found.owner} is gone)"
@@ -186,13 +233,13 @@ class SandboxManager:
             try:
                 self.reap()
             except Exception:  # the engine may be briefly unreachable; try again next round
-                continue
+                log.warning("reaping failed; retrying in %.0f s", interval, exc_info=True)
 
     # -- tracking ---------------------------------------------------------------------
 
-    def record_exec(self, sandbox_id: str, command: str, result, started_at: float) -> None:
+    def record_exec(self, sandbox_id: str, command: str, result, started_at: float, job_id: str | None = None) -> None:
         """Queue one command for the store (written in batches off the hot path)."""
-        self._recorder.put(sandbox_id, command, result, started_at)
+        self._recorder.put(job_id or secrets.token_hex(8), sandbox_id, command, result, started_at)
 
     def flush(self) -> None:
         """Wait until every recorded command is in the store."""
@@ -200,7 +247,10 @@ class SandboxManager:
 
     def _update(self, sandbox_id: str, **changes) -> SandboxInfo:
         with self._lock:
-            info = replace(self._sandboxes[sandbox_id], **changes)
+            current = self._sandboxes.get(sandbox_id)
+            if current is None:
+                raise NotFound(f"sandbox {sandbox_id} was deleted")
+            info = replace(current, **changes)
             self._sandboxes[sandbox_id] = info
         self._save(info)
         return info
@@ -208,12 +258,16 @@ class SandboxManager:
     def _fail(self, sandbox_id: str, message: str) -> SandboxInfo:
         return self._raise_if_failed(self._discard(sandbox_id, message))
 
-    def _discard(self, sandbox_id: str, message: str) -> SandboxInfo:
+    def _discard(self, sandbox_id: str, message: str, *, remove: bool = True) -> SandboxInfo:
         """Remove whatever the backend made, and keep the sandbox only as a `failed` record."""
-        self.backend.delete(sandbox_id)
-        info = self._update(sandbox_id, status="failed", status_message=message)
+        if remove:
+            self.backend.delete(sandbox_id)
         with self._lock:
-            self._sandboxes.pop(sandbox_id, None)
+            info = self._sandboxes.pop(sandbox_id, None)
+        if info is None:
+            raise NotFound(f"sandbox {sandbox_id} was deleted")
+        info = replace(info, status="failed", status_message=message)
+        self._save(info)
         return info
 
     @staticmethod
@@ -282,11 +336,11 @@ class _ExecRecorder:
         self._thread = threading.Thread(target=self._run, daemon=True, name="orchard-exec-recorder")
         self._thread.start()
 
-    def put(self, sandbox_id: str, command: str, result, started_at: float) -> None:
-        self._queue.put((sandbox_id, command, result, started_at))
+    def put(self, job_id: str, sandbox_id: str, command: str, result, started_at: float) -> None:
+        self._queue.put((job_id, sandbox_id, command, result, started_at))
 
     def flush(self, timeout: float = 30.0) -> None:
-        """Block until everything queued so far is written."""
+        """Block until everything queued so far is written (or failed to be)."""
         written = threading.Event()
         self._queue.put(written)
         written.wait(timeout)
@@ -302,9 +356,12 @@ class _ExecRecorder:
             while not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             rows = [item for item in batch if isinstance(item, tuple)]
-            if rows:
-                with store.session(self.db_url) as db:
-                    db.add_all(_exec_record(*row) for row in rows)
+            try:
+                if rows:
+                    with store.session(self.db_url) as db:
+                        db.add_all(_exec_record(*row) for row in rows)
+            except Exception:  # a store outage must not stop recording for good
+                log.exception("could not record %d command(s) in the store", len(rows))
             for item in batch:
                 if isinstance(item, threading.Event):
                     item.set()
@@ -312,16 +369,16 @@ class _ExecRecorder:
                 return
 
 
-def _exec_record(sandbox_id: str, command: str, result, started_at: float) -> store.ExecRecord:
+def _exec_record(job_id: str, sandbox_id: str, command: str, result, started_at: float) -> store.ExecRecord:
     return store.ExecRecord(
-        id=secrets.token_hex(8),
+        id=job_id,
         sandbox_id=sandbox_id,
         command=command,
         status="succeeded" if result.exit_code == 0 else "failed",
         exit_code=result.exit_code,
         error=result.error,
-        stdout_bytes=len(result.raw_stdout),
-        stderr_bytes=len(result.raw_stderr),
+        stdout_bytes=result.stdout_bytes,
+        stderr_bytes=result.stderr_bytes,
         created_at=started_at,
         started_at=started_at,
         completed_at=started_at + result.duration,

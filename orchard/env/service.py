@@ -2,7 +2,11 @@
 
 Routes, fields and status codes follow `ORCHARD_ENV_API.md` (the API of the published Orchard
 Env service) so its clients work unchanged. Extensions: `GET /sandboxes` (list), `GET/PUT
-/sandboxes/{id}/archive` (folders as tar), `env` and `run_id` on create, `truncated` on jobs.
+/sandboxes/{id}/archive` (folders as tar), `ttl`, `env` and `run_id` on create, and on jobs
+`truncated`, `timed_out`, `stdout_bytes`, `stderr_bytes` and `rejected` (the agent refused the
+request itself, e.g. a missing cwd). A duplicate `sandbox_id` is 409. An image that cannot be found
+gives 200 with `status: "failed"` and the reason, at once. An exec on a pending sandbox waits for
+it (up to `timeout_seconds`).
 
 The service holds one keep-alive connection to each sandbox's agent (a Unix socket locally) and
 runs commands as jobs on the event loop; Docker is called only to create and delete. Every route
@@ -15,12 +19,18 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import dataclasses
+import functools
 import hmac
 import json
+import logging
+import math
 import os
 import secrets
+import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -28,18 +38,20 @@ import httpx
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, Field, StrictStr, field_validator
 from starlette.concurrency import run_in_threadpool
 
-from orchard import __version__, store
+from orchard import __version__
 from orchard.config import settings
-from orchard.env.backends.base import SandboxSpec, parse_memory
-from orchard.env.calls import AgentCalls, asend
-from orchard.env.manager import SandboxInfo, SandboxManager, async_agent_http
+from orchard.env.backends.base import SANDBOX_ID, SandboxSpec, check_sandbox_id, parse_memory
+from orchard.env.calls import AgentCalls, ExecResult, asend
+from orchard.env.manager import SandboxInfo, SandboxManager, async_agent_http, new_sandbox_id
 from orchard.errors import (
     AgentError,
     AuthError,
     ConfigError,
+    Conflict,
+    EngineUnavailable,
     InvalidRequest,
     NotFound,
     OrchardError,
@@ -54,6 +66,8 @@ JOB_KEEP_SECONDS = 3600.0
 HEARTBEAT_SILENCE_SECONDS = 180.0
 """A sandbox that heartbeated once and then fell silent this long is reaped."""
 
+log = logging.getLogger("orchard.env.service")
+
 
 # -- request bodies (extra fields are ignored, as clients of the published API may send more) --
 
@@ -61,17 +75,32 @@ HEARTBEAT_SILENCE_SECONDS = 180.0
 class CreateSandbox(BaseModel):
     image: StrictStr = Field(min_length=1)
     block_network: bool = True
-    sandbox_id: StrictStr | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
+    sandbox_id: StrictStr | None = Field(default=None, pattern=f"^{SANDBOX_ID.pattern}$")
     cpu: str = "4"
     memory: str = "16Gi"
-    timeout: int = Field(default=3600, gt=0)
-    env: dict[StrictStr, StrictStr] | None = None
-    run_id: StrictStr | None = None
+    timeout: int = Field(default=3600, gt=0, description="Seconds; a sandbox not ready within timeout + 600 is reaped.")
+    ttl: int = Field(default=7200, gt=0, description="Extension: seconds until the sandbox is reaped.")
+    env: dict[StrictStr, StrictStr] | None = Field(default=None, description="Extension: environment of commands.")
+    run_id: StrictStr | None = Field(default=None, description="Extension: the run it belongs to.")
+
+    @field_validator("cpu")
+    @classmethod
+    def _cores(cls, cpu: str) -> str:
+        cores = float(cpu) if _is_number(cpu) else math.nan
+        if not (math.isfinite(cores) and cores > 0):
+            raise ValueError(f"cpu {cpu!r} is not a positive number of cores such as '2' or '0.5'")
+        return cpu
+
+    @field_validator("memory")
+    @classmethod
+    def _size(cls, memory: str) -> str:
+        parse_memory(memory)  # InvalidRequest is a ValueError: pydantic reports it with the field
+        return memory
 
 
 class ExecBody(BaseModel):
-    command: StrictStr | list[StrictStr]
-    timeout_seconds: float = Field(default=300, gt=0)
+    command: StrictStr | list[StrictStr] = Field(min_length=1)
+    timeout_seconds: float = Field(default=300, gt=0, allow_inf_nan=False)
     cwd: StrictStr | None = None
     env: dict[StrictStr, StrictStr] | None = None
     login_shell: bool = False
@@ -80,14 +109,21 @@ class ExecBody(BaseModel):
 
 class PatchBody(BaseModel):
     patch: StrictStr
-    timeout_seconds: float = Field(default=30, gt=0)
+    timeout_seconds: float = Field(default=30, gt=0, allow_inf_nan=False)
 
 
 class FileBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
     path: StrictStr = Field(min_length=1)
     content: StrictStr
-    mode: int | None = None
+    mode: int | None = Field(default=None, ge=0, le=0o7777)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 # -- state ----------------------------------------------------------------------------------
@@ -95,99 +131,134 @@ class FileBody(BaseModel):
 
 @dataclass
 class Job:
+    """One command run as a job; its object is the API's job object plus a few extensions."""
+
     job_id: str
     sandbox_id: str
     command: str
     status: str = "queued"
-    stdout: str = ""
-    stderr: str = ""
-    exit_code: int | None = None
+    result: ExecResult | None = None
     error: str | None = None
-    truncated: bool = False
     rejected: bool = False
-    """The agent refused the request itself (bad cwd, ...): a 400 for callers that wait."""
+    """The agent refused the request itself (bad cwd, ...); the SDK raises InvalidRequest."""
     created_at: float = field(default_factory=time.time)
     started_at: float | None = None
     completed_at: float | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def public(self) -> dict[str, Any]:
+        result = self.result
         return {
             "job_id": self.job_id,
             "sandbox_id": self.sandbox_id,
             "command": self.command,
             "status": self.status,
-            "stdout": self.stdout,
-            "stderr": self.stderr,
-            "exit_code": self.exit_code,
+            "stdout": result.stdout if result else "",
+            "stderr": result.stderr if result else "",
+            "exit_code": result.exit_code if result else None,
             "created_at": self.created_at,
             "started_at": self.started_at,
             "completed_at": self.completed_at,
             "error": self.error,
-            "truncated": self.truncated,
+            # extensions
+            "truncated": result.truncated if result else False,
+            "timed_out": result.timed_out if result else False,
+            "stdout_bytes": result.stdout_bytes if result else 0,
+            "stderr_bytes": result.stderr_bytes if result else 0,
+            "rejected": self.rejected,
         }
 
 
 class Service:
-    """The service's state: the manager, agent connections, readiness and jobs."""
+    """The service's state: the manager, agent connections, readiness, heartbeats and jobs."""
 
-    def __init__(self, manager: SandboxManager, api_key: str | None, *, max_upload_bytes: int = MAX_UPLOAD_BYTES):
+    def __init__(
+        self,
+        manager: SandboxManager,
+        api_key: str | None,
+        *,
+        max_upload_bytes: int = MAX_UPLOAD_BYTES,
+        heartbeat_silence: float = HEARTBEAT_SILENCE_SECONDS,
+        housekeep_interval: float = 5.0,
+    ):
         self.manager = manager
         self.api_key = api_key
         self.max_upload_bytes = max_upload_bytes
+        self.heartbeat_silence = heartbeat_silence
+        self.housekeep_interval = housekeep_interval
         self.agents: dict[str, httpx.AsyncClient] = {}
         self.ready: dict[str, asyncio.Event] = {}
         self.heartbeats: dict[str, float] = {}
         self.jobs: dict[str, Job] = {}
-        self.started_at = time.time()
         self.on_close: list[Callable[[], None]] = []
         """Run after every sandbox is deleted at shutdown (uvicorn re-raises SIGTERM right after)."""
+        self._tasks: set[asyncio.Task] = set()
+        # Waiting for readiness mostly sleeps; a pool of its own keeps it from starving the
+        # shared worker threads that the synchronous routes use.
+        self._waiters = ThreadPoolExecutor(max_workers=256, thread_name_prefix="orchard-ready")
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run a background task, keeping a reference until it ends."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # sandboxes
 
     async def create(self, body: CreateSandbox) -> dict[str, Any]:
-        cpu, memory = clamp(body.cpu, body.memory)
+        cores, memory = (
+            min(float(body.cpu), float(os.cpu_count() or 1)),
+            min(parse_memory(body.memory) or 0, host_memory()),
+        )
         spec = SandboxSpec(
             image=body.image,
             network="blocked" if body.block_network else "open",
-            cpu=cpu,
+            cpu=cores,
             memory_bytes=memory,
-            ttl=float(body.timeout),
+            ttl=float(body.ttl),
             env=dict(body.env or {}),
             run_id=body.run_id,
         )
-        info = await run_in_threadpool(self.manager.start, spec, sandbox_id=body.sandbox_id)
-        self.ready[info.sandbox_id] = asyncio.Event()
-        asyncio.get_running_loop().create_task(self._become_ready(info.sandbox_id, body.timeout + 600))
+        sandbox_id = body.sandbox_id or new_sandbox_id()
+        try:
+            info = await run_in_threadpool(self.manager.start, spec, sandbox_id=sandbox_id)
+        except (NotFound, SandboxError):  # failed at once; the store keeps it `failed` with the reason
+            failed = self.manager.recorded(sandbox_id)
+            if failed is None:
+                raise
+            return {**self.describe(failed), "timeout": body.timeout}
+        self.ready[sandbox_id] = asyncio.Event()
+        self.spawn(self._become_ready(sandbox_id, body.timeout + 600))
         return {**self.describe(info), "timeout": body.timeout}
 
     async def _become_ready(self, sandbox_id: str, timeout: float) -> None:
-        with contextlib.suppress(OrchardError):
-            info = await run_in_threadpool(self.manager.wait_ready, sandbox_id, timeout=timeout)
-            assert info.endpoint is not None
-            self.agents[sandbox_id] = async_agent_http(info.endpoint)
-        self.ready[sandbox_id].set()
+        loop = asyncio.get_running_loop()
+        try:
+            info = await loop.run_in_executor(
+                self._waiters, functools.partial(self.manager.wait_ready, sandbox_id, timeout=timeout)
+            )
+        except OrchardError:  # failed or deleted meanwhile: the store says which
+            pass
+        else:
+            event = self.ready.get(sandbox_id)
+            if event is not None and info.endpoint is not None:  # still wanted
+                self.agents[sandbox_id] = async_agent_http(info.endpoint)
+        event = self.ready.get(sandbox_id)
+        if event is not None:
+            event.set()
 
-    def info(self, sandbox_id: str) -> dict[str, Any]:
-        """A live sandbox, or a failed one from the store; 404 otherwise."""
-        with contextlib.suppress(NotFound):
-            return self.describe(self.manager.get(sandbox_id))
-        with store.session(self.manager.db_url) as db:
-            record = db.get(store.SandboxRecord, sandbox_id)
-        if record is None or record.status != "failed":
+    async def info(self, sandbox_id: str) -> dict[str, Any]:
+        """A live sandbox (its container checked), or a failed one from the store; 404 otherwise."""
+        info: SandboxInfo | None
+        try:
+            info = await run_in_threadpool(self.manager.check_alive, sandbox_id)
+        except NotFound:
+            info = self.manager.recorded(sandbox_id)
+        if info is None or info.status not in ("pending", "ready", "failed"):
             raise NotFound(f"no sandbox {sandbox_id!r}")
-        return {
-            "sandbox_id": record.id,
-            "namespace": "docker",
-            "image": record.image,
-            "block_network": record.network == "blocked",
-            "cpu": str(record.cpu or ""),
-            "memory": str(record.memory_bytes or ""),
-            "created_at": record.created_at,
-            "ready": False,
-            "status": "failed",
-            "status_message": record.status_message,
-        }
+        if info.status == "failed":
+            await self._drop_agent(sandbox_id)
+        return self.describe(info)
 
     def describe(self, info: SandboxInfo) -> dict[str, Any]:
         return {
@@ -196,7 +267,7 @@ class Service:
             "image": info.spec.image,
             "block_network": info.spec.network == "blocked",
             "cpu": "" if info.spec.cpu is None else f"{info.spec.cpu:g}",
-            "memory": "" if info.spec.memory_bytes is None else str(info.spec.memory_bytes),
+            "memory": "" if info.spec.memory_bytes is None else format_memory(info.spec.memory_bytes),
             "created_at": info.created_at,
             "ready": info.ready,
             "status": info.status,
@@ -208,54 +279,57 @@ class Service:
         if event is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout)
-        return self.info(sandbox_id)
+        return await self.info(sandbox_id)
 
     async def delete(self, sandbox_id: str) -> None:
-        self.ready.pop(sandbox_id, None)
+        check_sandbox_id(sandbox_id)
+        event = self.ready.pop(sandbox_id, None)
         self.heartbeats.pop(sandbox_id, None)
+        await self._drop_agent(sandbox_id)
+        await run_in_threadpool(self.manager.delete, sandbox_id)
+        if event is not None:
+            event.set()
+
+    async def _drop_agent(self, sandbox_id: str) -> None:
         agent = self.agents.pop(sandbox_id, None)
         if agent is not None:
             await agent.aclose()
-        await run_in_threadpool(self.manager.delete, sandbox_id)
 
-    def agent(self, sandbox_id: str) -> httpx.AsyncClient:
+    async def agent(self, sandbox_id: str, wait: float = 0.0) -> httpx.AsyncClient:
+        """The connection to a sandbox's agent, waiting up to `wait` s for a pending sandbox."""
         agent = self.agents.get(sandbox_id)
         if agent is None:
-            status = self.info(sandbox_id)["status"]  # 404 when unknown
-            raise InvalidRequest(f"sandbox {sandbox_id} is {status}, not ready: wait for it first")
+            status = (await self.wait(sandbox_id, wait))["status"]  # 404 when unknown
+            agent = self.agents.get(sandbox_id)
+            if agent is None:
+                raise InvalidRequest(f"sandbox {sandbox_id} is {status}, not ready")
         return agent
 
     # jobs
 
-    def submit(self, sandbox_id: str, body: ExecBody) -> Job:
-        agent = self.agent(sandbox_id)
-        command = body.command if isinstance(body.command, str) else _join(body.command)
+    async def submit(self, sandbox_id: str, body: ExecBody) -> Job:
+        agent = await self.agent(sandbox_id, wait=body.timeout_seconds)
+        command = body.command if isinstance(body.command, str) else shlex.join(body.command)
         job = Job(job_id=secrets.token_hex(8), sandbox_id=sandbox_id, command=command)
         self.jobs[job.job_id] = job
-        asyncio.get_running_loop().create_task(self._run(job, agent, body))
+        self.spawn(self._run(job, agent, body))
         return job
 
     async def _run(self, job: Job, agent: httpx.AsyncClient, body: ExecBody) -> None:
         job.status, job.started_at = "running", time.time()
         call = AgentCalls().exec(
-            body.command,
-            cwd=body.cwd,
-            env=body.env,
-            timeout=body.timeout_seconds,
-            login_shell=body.login_shell,
+            body.command, cwd=body.cwd, env=body.env, timeout=body.timeout_seconds, login_shell=body.login_shell
         )
         try:
-            result = await asend(agent, call)
+            job.result = result = await asend(agent, call)
         except OrchardError as exc:
-            job.status, job.error, job.rejected = "failed", str(exc), isinstance(exc, InvalidRequest)
+            job.error, job.rejected = str(exc), isinstance(exc, InvalidRequest)
+            result = ExecResult(exit_code=None, stdout="", stderr="", error=job.error)
         else:
-            job.stdout, job.stderr, job.exit_code = result.stdout, result.stderr, result.exit_code
-            job.error, job.truncated = result.error, result.truncated
-            if result.timed_out:
-                job.error = f"command timed out after {body.timeout_seconds:g} s"
-            job.status = "succeeded" if result.exit_code == 0 else "failed"
-            self.manager.record_exec(job.sandbox_id, job.command, result, job.started_at)
+            job.error = f"command timed out after {body.timeout_seconds:g} s" if result.timed_out else result.error
+        job.status = "succeeded" if result.exit_code == 0 else "failed"
         job.completed_at = time.time()
+        self.manager.record_exec(job.sandbox_id, job.command, result, job.started_at, job_id=job.job_id)
         job.done.set()
 
     async def wait_job(self, job_id: str, timeout: float) -> Job:
@@ -268,30 +342,30 @@ class Service:
 
     # housekeeping
 
-    async def housekeep(self, interval: float = 30.0) -> None:
-        """Forget old jobs; reap sandboxes whose heartbeats stopped."""
+    async def housekeep(self) -> None:
+        """Forget old jobs; reap sandboxes whose heartbeats stopped. Never stops on an error."""
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.housekeep_interval)
             now = time.time()
             for job_id, job in list(self.jobs.items()):
                 if job.completed_at and now - job.completed_at > JOB_KEEP_SECONDS:
                     self.jobs.pop(job_id, None)
             for sandbox_id, beat in list(self.heartbeats.items()):
-                if now - beat > HEARTBEAT_SILENCE_SECONDS:
-                    await self.delete(sandbox_id)
+                if now - beat > self.heartbeat_silence:
+                    try:
+                        await self.delete(sandbox_id)
+                    except Exception:  # try again next round
+                        log.exception("could not reap silent sandbox %s", sandbox_id)
 
-
-def clamp(cpu: str, memory: str) -> tuple[float, int]:
-    """Requests above what this host has are clamped, not refused."""
-    try:
-        cores = float(cpu)
-    except ValueError:
-        raise InvalidRequest(f"cpu {cpu!r} is not a number of cores such as '2' or '0.5'") from None
-    if cores <= 0:
-        raise InvalidRequest(f"cpu must be positive, not {cpu!r}")
-    wanted = parse_memory(memory)
-    assert wanted is not None
-    return min(cores, float(os.cpu_count() or 1)), min(wanted, host_memory())
+    async def close(self) -> None:
+        """Close agent connections, delete every sandbox, run the close hooks."""
+        await asyncio.gather(*(a.aclose() for a in self.agents.values()), return_exceptions=True)
+        try:
+            await run_in_threadpool(self.manager.close)
+        finally:
+            self._waiters.shutdown(wait=False, cancel_futures=True)
+            for hook in self.on_close:
+                hook()
 
 
 def host_memory() -> int:
@@ -299,10 +373,12 @@ def host_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _join(argv: list[str]) -> str:
-    import shlex
-
-    return shlex.join(argv)
+def format_memory(size: int) -> str:
+    """`16Gi`, `512Mi` or a byte count: the Kubernetes spelling the API uses."""
+    for unit, scale in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
 
 
 # -- the app ----------------------------------------------------------------------------
@@ -313,17 +389,16 @@ def create_app(service: Service) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
-        task = asyncio.get_running_loop().create_task(service.housekeep())
+        service.spawn(service.housekeep())
         try:
             yield
         finally:
-            task.cancel()
-            await asyncio.gather(*(a.aclose() for a in service.agents.values()), return_exceptions=True)
-            await run_in_threadpool(service.manager.close)
-            for hook in service.on_close:
-                hook()
+            await service.close()
 
-    app = FastAPI(title="Orchard Env", version=__version__, lifespan=lifespan)
+    # No /docs, /redoc or /openapi.json: every route but / and /health needs the key.
+    app = FastAPI(
+        title="Orchard Env", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     _add_error_handlers(app)
 
     @app.middleware("http")
@@ -377,8 +452,8 @@ def create_app(service: Service) -> FastAPI:
         return {"sandboxes": [service.describe(s) for s in service.manager.list()]}
 
     @app.get("/sandboxes/{sandbox_id}", dependencies=keyed)
-    def get_sandbox(sandbox_id: str) -> dict:
-        return service.info(sandbox_id)
+    async def get_sandbox(sandbox_id: str) -> dict:
+        return await service.info(sandbox_id)
 
     @app.get("/sandboxes/{sandbox_id}/wait", dependencies=keyed)
     async def wait_sandbox(sandbox_id: str, timeout: Annotated[float, Query(ge=0)] = 300.0) -> Response:
@@ -393,20 +468,17 @@ def create_app(service: Service) -> FastAPI:
         return {"status": "deleted", "sandbox_id": sandbox_id}
 
     @app.post("/sandboxes/{sandbox_id}/heartbeat", dependencies=keyed)
-    def heartbeat(sandbox_id: str) -> dict:
-        service.info(sandbox_id)
+    async def heartbeat(sandbox_id: str) -> dict:
+        await service.info(sandbox_id)
         service.heartbeats[sandbox_id] = time.time()
         return {"status": "ok", "sandbox_id": sandbox_id}
 
     @app.post("/sandboxes/{sandbox_id}/exec", dependencies=keyed)
     async def exec_command(sandbox_id: str, body: ExecBody) -> dict:
-        job = service.submit(sandbox_id, body)
+        job = await service.submit(sandbox_id, body)
         if not body.wait:
             return {"job_id": job.job_id, "status": "queued"}
-        job = await service.wait_job(job.job_id, body.timeout_seconds + 30)
-        if job.rejected:
-            raise InvalidRequest(job.error or "the agent refused the command")
-        return job.public()
+        return (await service.wait_job(job.job_id, body.timeout_seconds + 30)).public()
 
     @app.get("/jobs/{job_id}", dependencies=keyed)
     async def get_job(job_id: str) -> dict:
@@ -418,8 +490,9 @@ def create_app(service: Service) -> FastAPI:
 
     @app.post("/sandboxes/{sandbox_id}/apply_patch", dependencies=keyed)
     async def apply_patch(sandbox_id: str, body: PatchBody) -> dict:
-        result = await asend(service.agent(sandbox_id), AgentCalls().apply_patch(body.patch, body.timeout_seconds))
-        return result.__dict__
+        agent = await service.agent(sandbox_id)
+        result = await asend(agent, AgentCalls().apply_patch(body.patch, body.timeout_seconds))
+        return dataclasses.asdict(result)
 
     @app.post("/sandboxes/{sandbox_id}/files", dependencies=keyed)
     async def upload(sandbox_id: str, body: FileBody) -> dict:
@@ -429,22 +502,23 @@ def create_app(service: Service) -> FastAPI:
             raise InvalidRequest("content must be base64") from None
         if len(data) > service.max_upload_bytes:
             raise _too_large(service.max_upload_bytes)
-        size = await asend(service.agent(sandbox_id), AgentCalls().write_file(body.path, data, body.mode))
+        agent = await service.agent(sandbox_id)
+        size = await asend(agent, AgentCalls().write_file(body.path, data, body.mode))
         return {"success": True, "path": body.path, "size": size}
 
     @app.get("/sandboxes/{sandbox_id}/files", dependencies=keyed)
     async def download(sandbox_id: str, path: str) -> dict:
-        data = await asend(service.agent(sandbox_id), AgentCalls().read_file(path))
+        data = await asend(await service.agent(sandbox_id), AgentCalls().read_file(path))
         return {"path": path, "content": base64.b64encode(data).decode(), "size": len(data)}
 
     @app.get("/sandboxes/{sandbox_id}/files/list", dependencies=keyed)
     async def list_files(sandbox_id: str, path: str = ".") -> dict:
-        entries = await asend(service.agent(sandbox_id), AgentCalls().list_files(path))
-        return {"path": path, "files": [e.__dict__ for e in entries]}
+        entries = await asend(await service.agent(sandbox_id), AgentCalls().list_files(path))
+        return {"path": path, "files": [dataclasses.asdict(e) for e in entries]}
 
     @app.get("/sandboxes/{sandbox_id}/archive", dependencies=keyed)
     async def get_archive(sandbox_id: str, path: str) -> Response:
-        tar = await asend(service.agent(sandbox_id), AgentCalls().get_archive(path))
+        tar = await asend(await service.agent(sandbox_id), AgentCalls().get_archive(path))
         return Response(tar, media_type="application/x-tar")
 
     @app.put("/sandboxes/{sandbox_id}/archive", dependencies=keyed)
@@ -452,7 +526,7 @@ def create_app(service: Service) -> FastAPI:
         tar = await request.body()
         if len(tar) > service.max_upload_bytes:
             raise _too_large(service.max_upload_bytes)
-        return await asend(service.agent(sandbox_id), AgentCalls().put_archive(path, tar))
+        return await asend(await service.agent(sandbox_id), AgentCalls().put_archive(path, tar))
 
     return app
 
@@ -479,13 +553,20 @@ def _add_error_handlers(app: FastAPI) -> None:
             return detail(502, f"the sandbox's agent refused the service: {exc}")
         if isinstance(exc, NotFound):
             return detail(404, str(exc))
+        if isinstance(exc, Conflict):
+            return detail(409, str(exc))
         if isinstance(exc, InvalidRequest | ConfigError):
             return detail(400, str(exc))
         if isinstance(exc, Overloaded):
             return detail(503, str(exc), {"Retry-After": "1"})
-        if isinstance(exc, AgentError | SandboxError):
+        if isinstance(exc, AgentError | SandboxError | EngineUnavailable):
             return detail(502, str(exc))
         return detail(500, str(exc))
+
+    @app.exception_handler(Exception)
+    async def bug(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return detail(500, f"internal error ({type(exc).__name__}): {exc}; see the service log")
 
 
 # -- running it -------------------------------------------------------------------------

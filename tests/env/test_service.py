@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import base64
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 from orchard.env import Client
-from orchard.errors import AuthError, InvalidRequest, NotFound, SandboxError
+from orchard.env.service import format_memory, host_memory
+from orchard.errors import AuthError, Conflict, InvalidRequest, SandboxError
 
 pytestmark = pytest.mark.docker
 
@@ -28,17 +30,28 @@ def remote(service):
         yield client
 
 
+@pytest.fixture
+def sandbox_id(http, base_image):
+    """A ready sandbox made through the raw API, deleted afterwards."""
+    sandbox_id = http.post("/sandboxes", json={"image": base_image}).json()["sandbox_id"]
+    assert http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60}).json()["ready"]
+    yield sandbox_id
+    http.delete(f"/sandboxes/{sandbox_id}")
+
+
 def test_open_routes_and_auth(service):
     url, _key = service
     assert httpx.get(f"{url}/").json()["status"] == "running"
     assert httpx.get(f"{url}/health").json() == {"status": "healthy"}
     assert httpx.get(f"{url}/resources").status_code == 401
     assert httpx.get(f"{url}/resources", headers={"X-API-Key": "wrong"}).status_code == 403
+    for route in ("/docs", "/openapi.json"):  # nothing else is open
+        assert httpx.get(f"{url}{route}").status_code == 404
     with pytest.raises(AuthError), Client(url=url, api_key="wrong") as client:
         client.create("orchard/base:bookworm")
 
 
-def test_sdk_through_the_service_runs_in_an_image_without_python(remote, busybox_image):
+def test_sdk_through_the_service_runs_in_an_image_without_python(remote, busybox_image, tmp_path: Path):
     with remote.create(busybox_image) as box:
         result = box.exec("echo hi; which python3 || echo none")
         assert (result.exit_code, result.stdout) == (0, "hi\nnone\n")
@@ -48,6 +61,12 @@ def test_sdk_through_the_service_runs_in_an_image_without_python(remote, busybox
         assert [f.name for f in box.list_files("/tmp")] == ["b"]
         with pytest.raises(InvalidRequest, match="cwd does not exist"):
             box.exec("true", cwd="/nope")
+        (tmp_path / "src" / "deep").mkdir(parents=True)
+        (tmp_path / "src" / "deep" / "f.txt").write_text("folder upload")
+        box.upload(tmp_path / "src", "/work")
+        assert box.exec("cat /work/deep/f.txt").stdout == "folder upload"
+        box.download("/work", tmp_path / "back")
+        assert (tmp_path / "back" / "deep" / "f.txt").read_text() == "folder upload"
 
 
 def test_sandbox_lifecycle_routes(http, base_image):
@@ -56,14 +75,18 @@ def test_sandbox_lifecycle_routes(http, base_image):
     body = created.json()
     assert body["status"] == "pending" and body["block_network"] is True and body["timeout"] == 3600
     sandbox_id = body["sandbox_id"]
+    early = http.post(f"/sandboxes/{sandbox_id}/exec", json={"command": "echo early", "wait": True}).json()
+    assert early["stdout"] == "early\n"  # an exec on a pending sandbox waits for it
     ready = http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60}).json()
     assert ready["ready"] is True and ready["status"] == "ready"
-    assert float(ready["cpu"]) <= 64  # clamped to the host, not refused
-    assert http.post(f"/sandboxes/{sandbox_id}/heartbeat").json() == {"status": "ok", "sandbox_id": sandbox_id}
+    # clamped to this host, not refused
+    assert (float(ready["cpu"]), ready["memory"]) == (float(os_cpus()), format_memory(host_memory()))
     assert sandbox_id in http.get("/resources").json()["sandbox_pods"]
+    assert sandbox_id in [s["sandbox_id"] for s in http.get("/sandboxes").json()["sandboxes"]]
 
-    job = http.post(f"/sandboxes/{sandbox_id}/exec", json={"command": "sleep 0.3; echo later"}).json()
+    job = http.post(f"/sandboxes/{sandbox_id}/exec", json={"command": "sleep 0.5; echo later"}).json()
     assert job["status"] == "queued"
+    assert http.get(f"/jobs/{job['job_id']}").json()["status"] in ("queued", "running")
     done = http.get(f"/jobs/{job['job_id']}/wait", params={"timeout": 30}).json()
     assert (done["status"], done["stdout"], done["stderr"], done["exit_code"]) == ("succeeded", "later\n", "", 0)
     assert done["started_at"] <= done["completed_at"]
@@ -72,7 +95,23 @@ def test_sandbox_lifecycle_routes(http, base_image):
     assert (failed["status"], failed["exit_code"], failed["command"]) == ("failed", 3, "sh -c 'exit 3'")
     slow = http.post(f"/sandboxes/{sandbox_id}/exec", json={"command": "sleep 5", "timeout_seconds": 0.5, "wait": True})
     assert slow.json()["exit_code"] == 124 and "timed out" in slow.json()["error"]
+    refused = http.post(f"/sandboxes/{sandbox_id}/exec", json={"command": "true", "cwd": "/nope", "wait": True})
+    assert refused.status_code == 200
+    assert (refused.json()["status"], refused.json()["exit_code"]) == ("failed", None)
+    assert "cwd does not exist: /nope" in refused.json()["error"]
 
+    assert http.delete(f"/sandboxes/{sandbox_id}").json() == {"status": "deleted", "sandbox_id": sandbox_id}
+    assert http.delete(f"/sandboxes/{sandbox_id}").status_code == 200  # idempotent
+    assert http.get(f"/sandboxes/{sandbox_id}").status_code == 404
+
+
+def os_cpus() -> int:
+    import os
+
+    return os.cpu_count() or 1
+
+
+def test_file_and_patch_routes(http, sandbox_id):
     content = base64.b64encode(b"\x00data").decode()
     put = http.post(f"/sandboxes/{sandbox_id}/files", json={"path": "d/f.bin", "content": content}).json()
     assert put == {"success": True, "path": "d/f.bin", "size": 5}
@@ -80,44 +119,65 @@ def test_sandbox_lifecycle_routes(http, base_image):
     assert got == {"path": "d/f.bin", "content": content, "size": 5}
     assert http.get(f"/sandboxes/{sandbox_id}/files", params={"path": "nope"}).status_code == 404
     assert http.get(f"/sandboxes/{sandbox_id}/files", params={"path": "d"}).status_code == 400
+    assert http.get(f"/sandboxes/{sandbox_id}/files", params={"path": ""}).status_code == 400
     listing = http.get(f"/sandboxes/{sandbox_id}/files/list", params={"path": "d"}).json()
     assert [(f["name"], f["type"], f["size"]) for f in listing["files"]] == [("f.bin", "file", 5)]
+    assert http.get(f"/sandboxes/{sandbox_id}/files/list", params={"path": "d/f.bin"}).status_code == 400
+    tar = http.get(f"/sandboxes/{sandbox_id}/archive", params={"path": "d"})
+    assert tar.headers["content-type"] == "application/x-tar"
+    assert http.put(f"/sandboxes/{sandbox_id}/archive", params={"path": "copy"}, content=tar.content).status_code == 200
+    copied = http.get(f"/sandboxes/{sandbox_id}/files", params={"path": "copy/d/f.bin"}).json()
+    assert copied["content"] == content
 
     patch = "--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1 @@\n+patched\n"
     applied = http.post(f"/sandboxes/{sandbox_id}/apply_patch", json={"patch": patch}).json()
     assert applied["success"] is True, applied
-
-    assert http.delete(f"/sandboxes/{sandbox_id}").json() == {"status": "deleted", "sandbox_id": sandbox_id}
-    assert http.delete(f"/sandboxes/{sandbox_id}").status_code == 200  # idempotent
-    assert http.get(f"/sandboxes/{sandbox_id}").status_code == 404
+    again = http.post(f"/sandboxes/{sandbox_id}/apply_patch", json={"patch": patch}).json()
+    assert again["success"] is False and "already exists" in again["stderr"]
 
 
-def test_bad_requests_name_the_problem(http, base_image):
-    missing = http.post("/sandboxes", json={})
-    assert missing.status_code == 422 and "image" in missing.json()["detail"]
-    bad_memory = http.post("/sandboxes", json={"image": base_image, "memory": "lots"})
-    assert bad_memory.status_code == 400 and "memory" in bad_memory.json()["detail"]
-    unknown = http.post("/sandboxes", json={"image": "orchard/nope:0"})
-    assert unknown.status_code == 404 and "orchard/nope:0" in unknown.json()["detail"]
+def test_bad_requests_name_the_problem(http, sandbox_id):
+    for body, field in [
+        ({}, "image"),
+        ({"image": "x", "memory": "lots"}, "memory"),
+        ({"image": "x", "memory": "1e400"}, "memory"),
+        ({"image": "x", "cpu": "nan"}, "cpu"),
+        ({"image": "x", "cpu": "-1"}, "cpu"),
+        ({"image": "x", "sandbox_id": "../etc"}, "sandbox_id"),
+        ({"image": "x", "timeout": "soon"}, "timeout"),
+    ]:
+        answer = http.post("/sandboxes", json=body)
+        assert answer.status_code == 422 and answer.json()["detail"].startswith(field), (body, answer.text)
     assert http.get("/sandboxes/doesnotexist").status_code == 404
     assert http.post("/sandboxes/doesnotexist/exec", json={"command": "true"}).status_code == 404
     assert http.get("/jobs/nope").status_code == 404
-    sandbox_id = http.post("/sandboxes", json={"image": base_image}).json()["sandbox_id"]
-    try:
-        http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60})
-        wrong_type = http.post(f"/sandboxes/{sandbox_id}/exec", json={"command": 5})
-        assert wrong_type.status_code == 422 and "command" in wrong_type.json()["detail"]
-        over = base64.b64encode(b"x" * (2**20 + 1)).decode()  # the fixture's limit is 1 MiB
-        too_big = http.post(f"/sandboxes/{sandbox_id}/files", json={"path": "big", "content": over})
-        assert too_big.status_code == 413 and "too large" in too_big.json()["detail"]
-        huge = http.post(f"/sandboxes/{sandbox_id}/files", json={"path": "big", "content": over * 2})
-        assert huge.status_code == 413
-        assert http.get(f"/sandboxes/{sandbox_id}/files", params={"path": "big"}).status_code == 404
-    finally:
-        http.delete(f"/sandboxes/{sandbox_id}")
+    assert http.delete("/sandboxes/%2E%2E").status_code == 400  # never a path
+    wrong_type = http.post(f"/sandboxes/{sandbox_id}/exec", json={"command": 5})
+    assert wrong_type.status_code == 422 and "command" in wrong_type.json()["detail"]
+    over = base64.b64encode(b"x" * (2**20 + 1)).decode()  # the fixture's limit is 1 MiB
+    too_big = http.post(f"/sandboxes/{sandbox_id}/files", json={"path": "big", "content": over})
+    assert too_big.status_code == 413 and "too large" in too_big.json()["detail"]
+    huge = http.post(f"/sandboxes/{sandbox_id}/files", json={"path": "big", "content": over * 2})
+    assert huge.status_code == 413
+    assert http.get(f"/sandboxes/{sandbox_id}/files", params={"path": "big"}).status_code == 404
 
 
-def test_failed_start_is_reported_at_once_and_cleaned(http, remote, base_image, docker_client):
+def test_duplicate_id_is_409_and_harms_nothing(http, remote, base_image, sandbox_id):
+    again = http.post("/sandboxes", json={"image": base_image, "sandbox_id": sandbox_id})
+    assert again.status_code == 409 and sandbox_id in again.json()["detail"]
+    with pytest.raises(Conflict):
+        remote.create(base_image, sandbox_id=sandbox_id)
+    alive = http.post(f"/sandboxes/{sandbox_id}/exec", json={"command": "echo alive", "wait": True}).json()
+    assert alive["stdout"] == "alive\n"
+
+
+def test_failed_starts_are_reported_at_once_and_cleaned(http, remote, base_image, docker_client):
+    unknown = http.post("/sandboxes", json={"image": "orchard/nope:0"})
+    assert unknown.status_code == 200
+    body = unknown.json()
+    assert body["status"] == "failed" and "orchard/nope:0" in body["status_message"]
+    assert http.get(f"/sandboxes/{body['sandbox_id']}").json()["status"] == "failed"
+
     sandbox_id = http.post("/sandboxes", json={"image": base_image, "memory": "6Mi"}).json()["sandbox_id"]
     started = time.monotonic()
     status = http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60}).json()
@@ -126,8 +186,34 @@ def test_failed_start_is_reported_at_once_and_cleaned(http, remote, base_image, 
     assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{sandbox_id}"})
     with pytest.raises(SandboxError, match="exited"):
         remote.create(base_image, memory="6Mi")
-    with pytest.raises(NotFound):
+    with pytest.raises(SandboxError, match="not found"):
         remote.create("orchard/nope:0")
+
+
+def test_wait_times_out_with_408(http, base_image):
+    sandbox_id = http.post("/sandboxes", json={"image": base_image}).json()["sandbox_id"]
+    try:
+        answer = http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 0})
+        assert answer.status_code == 408 and sandbox_id in answer.json()["detail"]
+    finally:
+        http.delete(f"/sandboxes/{sandbox_id}")
+
+
+def test_a_dead_container_shows_as_failed(http, sandbox_id, docker_client):
+    docker_client.containers.get(f"orchard-{sandbox_id}").kill()
+    status = http.get(f"/sandboxes/{sandbox_id}").json()
+    assert status["status"] == "failed" and "stopped" in status["status_message"]
+
+
+def test_silent_heartbeats_get_a_sandbox_reaped(http, sandbox_id, docker_client):
+    """The fixture's service reaps after 1.5 s of silence (180 s by default)."""
+    assert http.post(f"/sandboxes/{sandbox_id}/heartbeat").json() == {"status": "ok", "sandbox_id": sandbox_id}
+    for _ in range(100):
+        if http.get(f"/sandboxes/{sandbox_id}").status_code == 404:
+            break
+        time.sleep(0.1)
+    assert http.get(f"/sandboxes/{sandbox_id}").status_code == 404
+    assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{sandbox_id}"})
 
 
 async def test_async_sdk_through_the_service(service, base_image):
@@ -141,14 +227,3 @@ async def test_async_sdk_through_the_service(service, base_image):
         await box.write_file("x.txt", "y")
         assert await box.read_file("x.txt") == b"y"
         await box.delete()
-
-
-async def test_async_sdk_embedded(base_image, tmp_path):
-    import asyncio
-
-    from orchard.env import AsyncClient
-
-    async with AsyncClient(db_url=f"sqlite:///{tmp_path}/o.db") as client:
-        boxes = await asyncio.gather(*(client.create(base_image) for _ in range(3)))
-        outputs = await asyncio.gather(*(box.exec(f"echo {i}") for i, box in enumerate(boxes)))
-        assert [o.stdout for o in outputs] == ["0\n", "1\n", "2\n"]

@@ -6,10 +6,6 @@ through it: the client talks to the exec agent inside the sandbox directly.
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import Field
-
 from orchard.env.backends.base import (
     AgentEndpoint,
     Backend,
@@ -20,8 +16,8 @@ from orchard.env.backends.base import (
 from orchard.env.backends.docker import DockerConfig
 from orchard.errors import ConfigError
 
-BackendConfig = Annotated[DockerConfig, Field(discriminator="type")]
-"""A discriminated union over `type`; Kubernetes joins it in its own module."""
+BackendConfig = DockerConfig
+"""Configs of every backend; a union discriminated by `type` once Kubernetes joins."""
 
 _CONFIGS: dict[str, type[DockerConfig]] = {"docker": DockerConfig}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -13,6 +14,16 @@ from orchard.errors import InvalidRequest
 Network = Literal["blocked", "open"]
 
 LABEL_PREFIX = "org.orchard."
+
+SANDBOX_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+"""What a sandbox id may be: it names a container, a folder and a URL path, so nothing path-like."""
+
+
+def check_sandbox_id(sandbox_id: str) -> str:
+    """Refuse ids that are not 1-40 of [a-z0-9-] (no `..`, no `/`), with a clear message."""
+    if not isinstance(sandbox_id, str) or not SANDBOX_ID.fullmatch(sandbox_id):
+        raise InvalidRequest(f"sandbox id {sandbox_id!r} is invalid: use 1-40 lowercase letters, digits or '-'")
+    return sandbox_id
 
 
 @dataclass(frozen=True)
@@ -114,7 +125,7 @@ def parse_memory(memory: str | int | None) -> int | None:
     unit = text[len(number) :].removesuffix("b")
     try:
         value = int(float(number) * _UNITS[unit])
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, OverflowError):
         raise InvalidRequest(f"memory {memory!r} is not a size: use e.g. 512Mi, 2Gi or a number of bytes") from None
     if value <= 0:
         raise InvalidRequest(f"memory must be positive, not {memory!r}")

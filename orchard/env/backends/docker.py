@@ -15,8 +15,9 @@ optional cpu/memory limits, optional runtime (`runsc` for gVisor). Network `bloc
 from __future__ import annotations
 
 import builtins
+import os
 import shutil
-import threading
+import stat
 from pathlib import Path
 from typing import Literal
 
@@ -31,7 +32,7 @@ from orchard.env.backends.base import (
     SandboxState,
     labels_for,
 )
-from orchard.errors import ConfigError, EngineUnavailable, NotFound, SandboxError
+from orchard.errors import ConfigError, Conflict, EngineUnavailable, ImageNotFound, InvalidRequest, SandboxError
 
 AGENT_MOUNT = "/.orchard"
 RUN_MOUNT = "/.orchard-run"
@@ -87,23 +88,25 @@ class DockerBackend:
         if self.route == "auto":
             self.route = "port" if info.get("OperatingSystem") == "Docker Desktop" else "socket"
         self.bundle = build_bundle()
-        self._run_root = settings().run_dir
-        self._run_root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock = threading.Lock()
+        self._run_root = _private_folder(settings().run_dir)
 
     # -- lifecycle --------------------------------------------------------------------
 
     def create(self, sandbox_id: str, spec: SandboxSpec, token: str) -> AgentEndpoint:
         """Create and start the container; the agent answers shortly after this returns."""
-        from docker.errors import APIError, ImageNotFound
+        from docker.errors import APIError
+        from docker.errors import ImageNotFound as DockerImageNotFound
 
         if self.route == "port" and spec.network == "blocked":
             raise ConfigError(
                 "network 'blocked' needs the socket route; this engine only allows a published "
                 "port (Docker Desktop): create the sandbox with network 'open'"
             )
-        run_dir = self._run_root / sandbox_id
-        run_dir.mkdir(mode=0o777, exist_ok=True)
+        run_dir = self._run_dir(sandbox_id)
+        try:
+            run_dir.mkdir(mode=0o777)
+        except FileExistsError:
+            raise Conflict(f"sandbox id {sandbox_id!r} is already in use on this host") from None
         run_dir.chmod(0o777)  # the image's own user, whoever it is, creates the socket here
         try:
             container = self._api.create_container(
@@ -111,40 +114,44 @@ class DockerBackend:
                 entrypoint=self._agent_argv(spec),
                 name=f"orchard-{sandbox_id}",
                 labels=labels_for(sandbox_id, spec),
-                environment={
-                    **spec.env,
-                    **self.bundle.environment(AGENT_MOUNT),
-                    "ORCHARD_AGENT_TOKEN": token,
-                },
+                environment={**spec.env, **self.bundle.environment(AGENT_MOUNT), "ORCHARD_AGENT_TOKEN": token},
                 host_config=self._host_config(run_dir, spec),
                 ports=[AGENT_PORT] if self.route == "port" else None,
                 detach=True,
             )
-            self._api.start(container["Id"])
-        except ImageNotFound:
-            self._forget(sandbox_id)
-            raise NotFound(
+        except DockerImageNotFound:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise ImageNotFound(
                 f"image {spec.image!r} not found in the Docker engine; build it "
                 "(`orchard image build-base`) or pull it where a registry is reachable"
             ) from None
         except APIError as exc:
-            self.delete(sandbox_id)
+            shutil.rmtree(run_dir, ignore_errors=True)  # the container, if any, is someone else's
+            if exc.status_code == 409:
+                raise Conflict(f"sandbox id {sandbox_id!r} is already in use in the Docker engine") from None
+            raise SandboxError(f"Docker could not create a container of {spec.image!r}: {_first_line(exc)}") from None
+        try:
+            self._api.start(container["Id"])
+            if self.route == "port":
+                return AgentEndpoint(token=token, url=f"http://127.0.0.1:{self._published_port(container['Id'])}")
+        except APIError as exc:
+            self._remove(container["Id"])
+            shutil.rmtree(run_dir, ignore_errors=True)
             raise SandboxError(f"Docker could not start {spec.image!r}: {_first_line(exc)}") from None
-        if self.route == "port":
-            return AgentEndpoint(token=token, url=f"http://127.0.0.1:{self._published_port(sandbox_id)}")
         return AgentEndpoint(token=token, uds=str(run_dir / "agent.sock"))
 
     def state(self, sandbox_id: str) -> SandboxState:
         """Running or not, with the exit code and the last log lines when it stopped."""
         from docker.errors import NotFound as DockerNotFound
 
+        name = f"orchard-{sandbox_id}"
         try:
-            state = self._api.inspect_container(f"orchard-{sandbox_id}")["State"]
+            state = self._api.inspect_container(name)["State"]
+            if state.get("Running"):
+                return SandboxState(running=True)
+            logs = self._api.logs(name, tail=5).decode(errors="replace").strip()
         except DockerNotFound:
             return SandboxState(running=False, exists=False, message="the container is gone")
-        if state.get("Running"):
-            return SandboxState(running=True)
-        logs = self._api.logs(f"orchard-{sandbox_id}", tail=5).decode(errors="replace").strip()
         message = f"the container exited with code {state.get('ExitCode')}"
         if state.get("Error"):
             message += f": {state['Error']}"
@@ -154,17 +161,8 @@ class DockerBackend:
 
     def delete(self, sandbox_id: str) -> None:
         """Remove the container (forced) with its anonymous volumes and its socket folder."""
-        from docker.errors import APIError
-        from docker.errors import NotFound as DockerNotFound
-
-        try:
-            self._api.remove_container(f"orchard-{sandbox_id}", force=True, v=True)
-        except DockerNotFound:
-            pass
-        except APIError as exc:
-            if "already in progress" not in str(exc):
-                raise SandboxError(f"Docker could not remove sandbox {sandbox_id}: {_first_line(exc)}") from None
-        self._forget(sandbox_id)
+        self._remove(f"orchard-{sandbox_id}")
+        shutil.rmtree(self._run_dir(sandbox_id), ignore_errors=True)
 
     def list(self) -> list[BackendSandbox]:
         """Every Orchard container in this engine, found by label."""
@@ -204,12 +202,40 @@ class DockerBackend:
             runtime=self.config.runtime,
         )
 
-    def _published_port(self, sandbox_id: str) -> int:
-        ports = self._api.inspect_container(f"orchard-{sandbox_id}")["NetworkSettings"]["Ports"]
+    def _published_port(self, container: str) -> int:
+        ports = self._api.inspect_container(container)["NetworkSettings"]["Ports"]
         return int(ports[f"{AGENT_PORT}/tcp"][0]["HostPort"])
 
-    def _forget(self, sandbox_id: str) -> None:
-        shutil.rmtree(self._run_root / sandbox_id, ignore_errors=True)
+    def _remove(self, container: str) -> None:
+        """Remove one container by name or id, forced; gone already is fine."""
+        from docker.errors import APIError
+        from docker.errors import NotFound as DockerNotFound
+
+        try:
+            self._api.remove_container(container, force=True, v=True)
+        except DockerNotFound:
+            pass
+        except APIError as exc:
+            if "already in progress" not in str(exc):
+                raise SandboxError(f"Docker could not remove {container}: {_first_line(exc)}") from None
+
+    def _run_dir(self, sandbox_id: str) -> Path:
+        """The sandbox's socket folder: always a direct child of the run root, never elsewhere."""
+        run_dir = self._run_root / sandbox_id
+        if run_dir.parent != self._run_root or sandbox_id in ("", ".", ".."):
+            raise InvalidRequest(f"sandbox id {sandbox_id!r} cannot name a folder")
+        return run_dir
+
+
+def _private_folder(path: Path) -> Path:
+    """Create `path` (mode 0700) or check an existing one is ours: others must not plant sockets there."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise ConfigError(f"{path} is not a folder of this user; set ORCHARD_RUN_DIR to a private folder")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        path.chmod(0o700)
+    return path
 
 
 def _first_line(exc: BaseException) -> str:
