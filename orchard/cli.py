@@ -165,7 +165,8 @@ def status() -> None:
         typer.echo(f"base image    : {BASE_IMAGE if base else 'missing (orchard image build-base)'}")
     service = _running_service()
     if service:
-        count = len(_service_client().list())
+        with _service_client() as client:
+            count = len(client.list())
         typer.echo(f"service       : {service['url']} (pid {service['pid']}), {count} sandbox(es)")
     else:
         typer.echo("service       : not running (orchard up)")
@@ -179,12 +180,9 @@ def _running_service() -> dict | None:
 
 
 def _healthy(url: str) -> bool:
-    import httpx
+    from orchard.env.client import service_healthy
 
-    try:
-        return httpx.get(f"{url}/health", timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False
+    return service_healthy(url)
 
 
 def _alive(pid: int) -> bool:
@@ -194,15 +192,12 @@ def _alive(pid: int) -> bool:
 
 
 def _remove_orphans() -> int:
-    """Delete sandboxes whose owner process is gone (what a stopped service may leave)."""
-    from orchard.env.backends.base import owner_alive
-    from orchard.env.backends.docker import DockerBackend
+    """Reap what a stopped service may have left: its sandboxes are orphans now."""
+    from orchard.env.manager import SandboxManager
 
-    backend = DockerBackend()
-    gone = [s for s in backend.list() if not owner_alive(s.owner)]
-    for found in gone:
-        backend.delete(found.sandbox_id)
-    return len(gone)
+    manager = SandboxManager("docker", reap_interval=None)  # reaps orphans and expired ones at start
+    manager.close()
+    return len(manager.reaped_at_start)
 
 
 def _service_client():

@@ -546,11 +546,15 @@ def running_service() -> dict | None:
         return None
     if not process_alive(state.get("pid", 0)):
         return None
+    return state if service_healthy(state["url"]) else None
+
+
+def service_healthy(url: str) -> bool:
+    """Whether an Orchard service answers its health check at `url`."""
     try:
-        healthy = httpx.get(f"{state['url']}/health", timeout=2.0).status_code == 200
+        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
     except httpx.HTTPError:
-        healthy = False
-    return state if healthy else None
+        return False
 
 
 def running_service_url() -> str | None:

@@ -75,7 +75,8 @@ class SandboxManager:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._recorder = _ExecRecorder(self.db_url)
-        self.reap()
+        self.reaped_at_start = self.reap()
+        """Ids of the expired and orphaned sandboxes removed when this manager started."""
         if reap_interval:
             threading.Thread(
                 target=self._reap_forever, args=(reap_interval,), daemon=True, name="orchard-reaper"

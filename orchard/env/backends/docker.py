@@ -250,7 +250,12 @@ def engine_reachable() -> bool:
     import docker
 
     try:
-        docker.from_env(timeout=5).ping()
-    except Exception:
+        client = docker.from_env(timeout=5)
+    except Exception:  # no socket, bad DOCKER_HOST, ...
         return False
-    return True
+    try:
+        return bool(client.ping())
+    except Exception:  # any way of not reaching it
+        return False
+    finally:
+        client.close()
