@@ -44,6 +44,28 @@ def test_a_failing_transaction_leaves_no_row(tmp_path):
         assert db.exec(select(func.count()).select_from(store.SandboxRecord)).one() == 0
 
 
+KILLED_MID_TRANSACTION = """
+import os, signal, sys, time
+from orchard import store
+with store.session(sys.argv[1]) as db:
+    for i in range(50):
+        db.add(store.ExecRecord(id=f"k{i}", sandbox_id="sb", command="true", status="succeeded", created_at=time.time()))
+    db.flush()  # the rows are written into the open transaction
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_process_killed_mid_transaction_leaves_no_row(tmp_path):
+    url = f"sqlite:///{tmp_path}/o.db"
+    with store.session(url) as db:
+        db.add(_sandbox(1))
+    child = subprocess.run([sys.executable, "-c", KILLED_MID_TRANSACTION, url])
+    assert child.returncode == -9
+    with store.session(url) as db:
+        assert db.exec(select(func.count()).select_from(store.ExecRecord)).one() == 0
+        assert db.get(store.SandboxRecord, "sb1") is not None
+
+
 WRITER = """
 import sys, time
 from orchard import store

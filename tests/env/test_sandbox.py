@@ -237,7 +237,7 @@ if sys.argv[3] == "wait":
 """
 
 
-@pytest.mark.parametrize("ending", ["exit", "sigterm", "sigkill"])
+@pytest.mark.parametrize("ending", ["exit", "sigint", "sigterm", "sigkill"])
 def test_sandboxes_do_not_outlive_their_process(ending, base_image, docker_client, tmp_path):
     """Deleted at interpreter exit and on SIGTERM; after SIGKILL, the next manager reaps the orphan."""
     from orchard.env.manager import SandboxManager
@@ -246,13 +246,14 @@ def test_sandboxes_do_not_outlive_their_process(ending, base_image, docker_clien
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, db, base_image, "exit" if ending == "exit" else "wait"],
         stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # SIGINT prints a KeyboardInterrupt traceback
         text=True,
     )
     sandbox_id = child.stdout.readline().strip()
     assert sandbox_id
     name = f"orchard-{sandbox_id}"
     if ending != "exit":
-        child.send_signal(signal.SIGTERM if ending == "sigterm" else signal.SIGKILL)
+        child.send_signal({"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}[ending])
     child.wait(timeout=60)
     if ending == "sigkill":  # nothing in the child ran: the next manager (here or elsewhere) reaps it
         SandboxManager("docker", db_url=db, reap_interval=None).close()
