@@ -277,11 +277,11 @@ def test_agent_runtime_env_does_not_leak(client: httpx.Client) -> None:
 
 
 def test_timeout_kills_the_whole_group(client: httpx.Client) -> None:
-    command = "(trap '' TERM; echo grandchild; exec sleep 30) & echo $!; wait"
+    command = "(trap '' TERM; echo grandchild $BASHPID; exec sleep 30) & wait"
     answer = run(client, command, timeout=0.5)
     assert answer["exit_code"] == 124 and answer["timed_out"] is True
-    pid = int(answer["stdout"].split()[0])
-    assert b"grandchild" in answer["stdout"]  # partial output is kept
+    assert answer["stdout"].startswith(b"grandchild ")  # partial output is kept
+    pid = int(answer["stdout"].split()[1])
     assert answer["stderr"].endswith(b"\n[orchard: command timed out after 0.5 s]\n")
     assert answer["duration"] < 3
     assert wait_dead(pid), f"grandchild {pid} survived the timeout"
