@@ -1,32 +1,100 @@
-"""Per-command latency of `true` in one sandbox, side by side (a first cut; not a test).
+"""Per-command latency in one sandbox, every path side by side in the same run (not a test).
 
-    .venv/bin/python bench/env_latency.py [--runs 300]
+    .venv/bin/python bench/env_latency.py [--runs 300] [--image orchard/base:bookworm] [--json out.json]
 
-Measures, in the same run and the same container: Orchard's SDK straight to the agent (Unix
-socket), Orchard through an `orchard up` service on loopback, the Docker SDK's `exec_run`, and
-the `docker exec` CLI (what mini-swe-agent does). Prints p50/p95 and the ratio to `docker exec`.
+For each command (`true`, `echo hi`, `ls /`, 1 MB of output) it measures, in the same container:
+
+* `docker exec` through the CLI (what mini-swe-agent does) and the Docker SDK's `exec_run`;
+* Orchard's SDK straight to the injected agent (Unix socket, keep-alive), one shell per command;
+* Orchard's SDK in a persistent shell session (`exec(..., session=...)`: state kept, no new shell);
+* Orchard's SDK through an `orchard up` service on loopback;
+* the floors: a bare, minimal stdlib HTTP/1.1 keep-alive server in the same container, asked with a
+  bare `http.client` over its own Unix socket, running the command as the agent does
+  (`bash -c`), and the same server feeding one persistent bash (the floor of session mode).
+
+It prints p50/p95 per path and command, then the targets as ratios measured in this run: direct
+p50 at least 25x below `docker exec`, at most 1.5x the floor; a session at most 1.5x the
+persistent-bash floor; the service at most 2 ms p50 above direct.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import socket
 import statistics
 import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
-import uvicorn
 
-from orchard.config import BASE_IMAGE
+from orchard.config import BASE_IMAGE, settings
 from orchard.env import Client
+from orchard.env.backends.docker import AGENT_MOUNT, RUN_MOUNT
 from orchard.env.manager import SandboxManager
 from orchard.env.service import Service, create_app
 
+COMMANDS = {
+    "true": "true",
+    "echo hi": "echo hi",
+    "ls /": "ls /",
+    "1 MB output": "head -c 1000000 /dev/zero | tr '\\0' x",
+}
+
+# The floor: as little as a keep-alive HTTP exec server can be. /exec runs `bash -c CMD` per
+# request; /shell feeds one persistent bash and reads up to a marker line.
+FLOOR_SERVER = r"""
+import http.server, os, socketserver, subprocess, sys
+
+shell = subprocess.Popen(["bash", "--noprofile", "--norc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+MARK = b"__floor_mark__"
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        command = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path == "/exec":
+            out = subprocess.run(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.PIPE).stdout
+        else:
+            shell.stdin.write(command + b"\necho " + MARK + b"\n")
+            shell.stdin.flush()
+            out = b""
+            while not out.endswith(MARK + b"\n"):
+                out += shell.stdout.read1(1 << 20)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args):
+        pass
+
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+Server(sys.argv[1], Handler).serve_forever()
+"""
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """A bare http.client connection over a Unix socket (the floor's client)."""
+
+    def __init__(self, path: str):
+        super().__init__("floor")
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(self.path)
+
 
 def timings(run: Callable[[], object], runs: int, warmup: int = 20) -> list[float]:
+    """Sorted milliseconds of `runs` calls after `warmup` unmeasured ones."""
     for _ in range(warmup):
         run()
     out = []
@@ -37,49 +105,134 @@ def timings(run: Callable[[], object], runs: int, warmup: int = 20) -> list[floa
     return sorted(out)
 
 
-def start_service() -> tuple[str, uvicorn.Server, SandboxManager]:
+def start_service() -> tuple[str, Callable[[], None]]:
+    """An `orchard up` service on a free loopback port, in a thread of this process."""
+    import uvicorn
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     manager = SandboxManager("docker")
-    server = uvicorn.Server(uvicorn.Config(create_app(Service(manager, "bench")), port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
+    app = create_app(Service(manager, "bench"))
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", timeout_keep_alive=300))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
     url = f"http://127.0.0.1:{port}"
     while True:
         try:
             httpx.get(f"{url}/health")
-            return url, server, manager
+            break
         except httpx.HTTPError:
             time.sleep(0.05)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=60)
+        manager.close()
+
+    return url, stop
+
+
+def start_floor(box, sandbox_id: str) -> UnixHTTPConnection:
+    """Start the floor server in the sandbox, under the agent's own bundled interpreter."""
+    box.write_file("/tmp/floor.py", FLOOR_SERVER)
+    manifest = json.loads(box.read_file(f"{AGENT_MOUNT}/bundle.json"))
+    python = f"{AGENT_MOUNT}/lib/{manifest['linker']} --library-path {AGENT_MOUNT}/lib {AGENT_MOUNT}/bin/python3"
+    box.exec(
+        f"PYTHONHOME={AGENT_MOUNT} nohup {python} -s -S /tmp/floor.py {RUN_MOUNT}/floor.sock >/tmp/floor.log 2>&1 &"
+    )
+    host_socket = settings().run_dir / sandbox_id / "floor.sock"
+    for _ in range(500):
+        if host_socket.exists():
+            break
+        time.sleep(0.01)
+    return UnixHTTPConnection(str(host_socket))
+
+
+def floor_call(conn: UnixHTTPConnection, route: str, command: str) -> Callable[[], bytes]:
+    body = command.encode()
+
+    def call() -> bytes:
+        conn.request("POST", route, body=body, headers={"Content-Length": str(len(body))})
+        return conn.getresponse().read()
+
+    return call
+
+
+def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
+    import docker
+
+    url, stop_service = start_service()
+    results: dict[str, dict[str, list[float]]] = {name: {} for name in COMMANDS}
+    try:
+        with Client() as embedded, Client(url=url, api_key="bench") as remote:
+            box = embedded.create(args.image)
+            via = remote.create(args.image)
+            floor = start_floor(box, box.id)
+            container = docker.from_env().containers.get(f"orchard-{box.id}")
+            for name, command in COMMANDS.items():
+                print(f"measuring {name!r} ...", flush=True)
+                paths: dict[str, Callable[[], object]] = {
+                    "floor: bare server, bash -c": floor_call(floor, "/exec", command),
+                    "orchard SDK, direct": lambda c=command: box.exec(c),
+                    "floor: bare persistent bash": floor_call(floor, "/shell", command),
+                    "orchard SDK, shell session": lambda c=command: box.exec(c, session="bench"),
+                    "orchard SDK, via orchard up": lambda c=command: via.exec(c),
+                    "docker SDK exec_run": lambda c=command: container.exec_run(["bash", "-c", c]),
+                    "docker exec CLI": lambda c=command: subprocess.run(
+                        ["docker", "exec", container.name, "bash", "-c", c], stdout=subprocess.DEVNULL, check=True
+                    ),
+                }
+                for path, run in paths.items():
+                    results[name][path] = timings(run, args.runs)
+    finally:
+        stop_service()
+    return results
+
+
+def report(results: dict[str, dict[str, list[float]]]) -> list[str]:
+    """The table and the target lines; returns the failed targets."""
+    failed = []
+    for name, paths in results.items():
+        cli = statistics.median(paths["docker exec CLI"])
+        print(f"\n{name}")
+        print(f"  {'path':<32} {'p50 ms':>8} {'p95 ms':>8} {'faster than docker exec':>24}")
+        for path, values in paths.items():
+            p50, p95 = statistics.median(values), values[int(len(values) * 0.95) - 1]
+            print(f"  {path:<32} {p50:>8.2f} {p95:>8.2f} {cli / p50:>23.1f}x")
+        p50 = {path: statistics.median(values) for path, values in paths.items()}
+        direct = p50["orchard SDK, direct"]
+        targets = [
+            ("direct vs docker exec (>= 25x)", cli / direct, cli / direct >= 25),
+            ("direct / floor (<= 1.5x)", direct / p50["floor: bare server, bash -c"], None),
+            (
+                "session / persistent-bash floor (<= 1.5x)",
+                p50["orchard SDK, shell session"] / p50["floor: bare persistent bash"],
+                None,
+            ),
+            ("service - direct (<= 2 ms)", p50["orchard SDK, via orchard up"] - direct, None),
+        ]
+        for label, value, ok in targets:
+            limit = 1.5 if "<= 1.5x" in label else 2.0
+            ok = value <= limit if ok is None else ok
+            unit = " ms" if "ms" in label else "x"
+            print(f"  target {label:<44} {value:>7.2f}{unit}  {'ok' if ok else 'MISSED'}")
+            if not ok:
+                failed.append(f"{name}: {label}")
+    return failed
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=300, help="measured commands per path and command")
     parser.add_argument("--image", default=BASE_IMAGE)
+    parser.add_argument("--json", type=Path, help="also write the raw timings here")
     args = parser.parse_args()
-
-    import docker
-
-    url, server, manager = start_service()
-    results: dict[str, list[float]] = {}
-    with Client() as embedded, Client(url=url, api_key="bench") as remote:
-        box = embedded.create(args.image)
-        results["orchard SDK, direct to the agent"] = timings(lambda: box.exec("true"), args.runs)
-        via = remote.create(args.image)
-        results["orchard SDK, through orchard up"] = timings(lambda: via.exec("true"), args.runs)
-        container = docker.from_env().containers.get(f"orchard-{box.id}")
-        results["docker SDK exec_run"] = timings(lambda: container.exec_run(["true"]), max(args.runs // 3, 50))
-        cli = ["docker", "exec", container.name, "true"]
-        results["docker exec CLI"] = timings(lambda: subprocess.run(cli, check=True), max(args.runs // 3, 50))
-    server.should_exit = True
-    manager.close()
-
-    floor = statistics.median(results["docker exec CLI"])
-    print(f"{'path':<36} {'p50 ms':>8} {'p95 ms':>8} {'vs docker exec':>15}")
-    for name, values in results.items():
-        p50, p95 = statistics.median(values), values[int(len(values) * 0.95) - 1]
-        print(f"{name:<36} {p50:>8.2f} {p95:>8.2f} {floor / p50:>14.1f}x")
+    results = measure(args)
+    if args.json:
+        args.json.write_text(json.dumps(results))
+    failed = report(results)
+    print(f"\n{len(failed)} target(s) missed" + (": " + "; ".join(failed) if failed else ""))
 
 
 if __name__ == "__main__":

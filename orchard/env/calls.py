@@ -133,6 +133,13 @@ def check_command(command: str | Sequence[str]) -> str | list[str]:
     raise InvalidRequest("command must be a string or a non-empty list of strings")
 
 
+def _shell_text(command: str | Sequence[str]) -> str:
+    import shlex
+
+    checked = check_command(command)
+    return checked if isinstance(checked, str) else shlex.join(checked)
+
+
 def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
@@ -153,7 +160,10 @@ class AgentCalls:
         timeout: float | None = None,
         login_shell: bool = False,
         stdin: bytes | None = None,
+        session: str | None = None,
     ) -> Call:
+        if session is not None:
+            return self._shell(command, session, timeout, cwd=cwd, env=env, login_shell=login_shell, stdin=stdin)
         body = {
             "command": check_command(command),
             "cwd": cwd,
@@ -163,6 +173,19 @@ class AgentCalls:
             "stdin": base64.b64encode(stdin).decode() if stdin is not None else None,
         }
         return Call("POST", "/exec", self._exec_result, json=body, timeout=_http_timeout(timeout))
+
+    def _shell(self, command, session: str, timeout: float | None, **unsupported: Any) -> Call:
+        """A command in a persistent shell session (its cwd and variables carry over)."""
+        given = [name for name, value in unsupported.items() if value]
+        if given:
+            raise InvalidRequest(
+                f"{', '.join(given)} cannot be set per command in a shell session; use cd/export in it"
+            )
+        body = {"command": _shell_text(command), "session": session, "timeout": timeout}
+        return Call("POST", "/shell", self._exec_result, json=body, timeout=_http_timeout(timeout))
+
+    def close_session(self, session: str) -> Call:
+        return Call("DELETE", "/shell", lambda r: r.json()["closed"], params={"session": session})
 
     @staticmethod
     def _exec_result(response: httpx.Response) -> ExecResult:
@@ -221,14 +244,13 @@ class ServiceCalls:
         timeout: float | None = None,
         login_shell: bool = False,
         stdin: bytes | None = None,
+        session: str | None = None,
     ) -> Call:
         if stdin is not None:
             raise InvalidRequest("stdin is not part of the service API; pipe a file instead")
-        body: dict[str, Any] = {
-            "command": check_command(command),
-            "login_shell": login_shell,
-            "wait": True,
-        }
+        body: dict[str, Any] = {"command": check_command(command), "login_shell": login_shell, "wait": True}
+        if session is not None:
+            body["session"] = session
         if timeout is not None:
             body["timeout_seconds"] = timeout
         if cwd is not None:
@@ -264,6 +286,9 @@ class ServiceCalls:
             stdout_bytes=job.get("stdout_bytes", len(stdout)),
             stderr_bytes=job.get("stderr_bytes", len(stderr)),
         )
+
+    def close_session(self, session: str) -> Call:
+        return Call("DELETE", f"{self.prefix}/shell", lambda r: r.json()["closed"], params={"session": session})
 
     def read_file(self, path: str) -> Call:
         return Call(

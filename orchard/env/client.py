@@ -94,19 +94,29 @@ class Sandbox:
         timeout: float | None = DEFAULT_EXEC_TIMEOUT,
         login_shell: bool = False,
         stdin: bytes | None = None,
+        session: str | None = None,
     ) -> ExecResult:
         """Run `command` (a shell string, or a list quoted for the shell) and wait for it.
 
         After `timeout` seconds its whole process group is killed (exit code 124); None means no
-        limit when talking to the agent directly, and the service's 300 s otherwise.
+        limit when talking to the agent directly, and the service's 300 s otherwise. With
+        `session`, it runs in that persistent shell (started on first use), as in a terminal: cd,
+        variables and functions carry over to the next command of the session, and a command
+        costs no new shell. A timeout there kills the session, which starts afresh next time.
         """
         started = time.time()
         result = self._send(
-            self._calls.exec(command, cwd=cwd, env=env, timeout=timeout, login_shell=login_shell, stdin=stdin)
+            self._calls.exec(
+                command, cwd=cwd, env=env, timeout=timeout, login_shell=login_shell, stdin=stdin, session=session
+            )
         )
         if self._on_exec:
             self._on_exec(self.id, _command_text(command), result, started)
         return result
+
+    def close_session(self, session: str) -> bool:
+        """End a persistent shell session and what it started; False if there was none."""
+        return self._send(self._calls.close_session(session))
 
     def read_file(self, path: str) -> bytes:
         """The bytes of a file (relative paths are under /workspace)."""
@@ -322,15 +332,22 @@ class AsyncSandbox:
         timeout: float | None = DEFAULT_EXEC_TIMEOUT,
         login_shell: bool = False,
         stdin: bytes | None = None,
+        session: str | None = None,
     ) -> ExecResult:
         """Run `command` and wait for it (see `Sandbox.exec`)."""
         started = time.time()
         result = await self._send(
-            self._calls.exec(command, cwd=cwd, env=env, timeout=timeout, login_shell=login_shell, stdin=stdin)
+            self._calls.exec(
+                command, cwd=cwd, env=env, timeout=timeout, login_shell=login_shell, stdin=stdin, session=session
+            )
         )
         if self._on_exec:
             self._on_exec(self.id, _command_text(command), result, started)
         return result
+
+    async def close_session(self, session: str) -> bool:
+        """End a persistent shell session and what it started."""
+        return await self._send(self._calls.close_session(session))
 
     async def read_file(self, path: str) -> bytes:
         """The bytes of a file."""

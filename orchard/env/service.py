@@ -105,6 +105,9 @@ class ExecBody(BaseModel):
     env: dict[StrictStr, StrictStr] | None = None
     login_shell: bool = False
     wait: bool = False
+    session: StrictStr | None = Field(
+        default=None, max_length=64, description="Extension: run in this persistent shell session."
+    )
 
 
 class PatchBody(BaseModel):
@@ -317,10 +320,15 @@ class Service:
 
     async def _run(self, job: Job, agent: httpx.AsyncClient, body: ExecBody) -> None:
         job.status, job.started_at = "running", time.time()
-        call = AgentCalls().exec(
-            body.command, cwd=body.cwd, env=body.env, timeout=body.timeout_seconds, login_shell=body.login_shell
-        )
         try:
+            call = AgentCalls().exec(
+                body.command,
+                cwd=body.cwd,
+                env=body.env,
+                timeout=body.timeout_seconds,
+                login_shell=body.login_shell,
+                session=body.session,
+            )
             job.result = result = await asend(agent, call)
         except OrchardError as exc:
             job.error, job.rejected = str(exc), isinstance(exc, InvalidRequest)
@@ -479,6 +487,11 @@ def create_app(service: Service) -> FastAPI:
         if not body.wait:
             return {"job_id": job.job_id, "status": "queued"}
         return (await service.wait_job(job.job_id, body.timeout_seconds + 30)).public()
+
+    @app.delete("/sandboxes/{sandbox_id}/shell", dependencies=keyed)
+    async def close_session(sandbox_id: str, session: str = "default") -> dict:
+        closed = await asend(await service.agent(sandbox_id), AgentCalls().close_session(session))
+        return {"session": session, "closed": closed}
 
     @app.get("/jobs/{job_id}", dependencies=keyed)
     async def get_job(job_id: str) -> dict:

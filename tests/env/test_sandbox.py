@@ -339,3 +339,28 @@ async def test_async_sdk_embedded_records_and_cleans_up(base_image, tmp_path, do
     with store.session(db) as session:
         commands = sorted(r.command for r in session.exec(select(store.ExecRecord)).all())
     assert commands == ["echo 0", "echo 1", "echo 2"]
+
+
+def test_persistent_shell_sessions_keep_state_like_a_terminal(box):
+    assert box.exec("cd /tmp && export ANSWER=42 && f() { echo in-f; }", session="a").ok
+    result = box.exec("pwd; echo $ANSWER; f; echo oops >&2; printf no-newline", session="a")
+    assert (result.stdout, result.stderr) == ("/tmp\n42\nin-f\nno-newline", "oops\n")
+    assert box.exec("echo ${ANSWER:-unset}", session="b").stdout == "unset\n"  # sessions are apart
+    assert box.exec("echo ${ANSWER:-unset}").stdout == "unset\n"  # and apart from plain exec
+    assert box.exec("false", session="a").exit_code == 1
+    assert box.exec(["printf", "%s|", "a b", "c"], session="a").stdout == "a b|c|"
+    assert box.exec("cat", session="a", timeout=5).stdout == ""  # stdin is /dev/null, never our pipe
+
+
+def test_a_session_restarts_after_a_timeout_or_an_exit(box):
+    box.exec("export KEPT=yes", session="r")
+    slow = box.exec("echo before; sleep 30", session="r", timeout=0.5)
+    assert (slow.exit_code, slow.timed_out, slow.stdout) == (124, True, "before\n")
+    assert "session" in slow.error
+    assert box.exec("echo ${KEPT:-fresh}", session="r").stdout == "fresh\n"
+    ended = box.exec("exit 7", session="r")
+    assert ended.exit_code == 7 and "ended the shell session" in ended.error
+    assert box.exec("echo again", session="r").stdout == "again\n"
+    assert box.close_session("r") is True and box.close_session("r") is False
+    with pytest.raises(InvalidRequest, match="cwd"):
+        box.exec("true", session="r", cwd="/tmp")

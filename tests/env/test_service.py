@@ -61,6 +61,9 @@ def test_sdk_through_the_service_runs_in_an_image_without_python(remote, busybox
         assert [f.name for f in box.list_files("/tmp")] == ["b"]
         with pytest.raises(InvalidRequest, match="cwd does not exist"):
             box.exec("true", cwd="/nope")
+        box.exec("cd /tmp; X=1", session="s")  # a persistent shell through the service
+        assert box.exec("pwd; echo $X", session="s").stdout == "/tmp\n1\n"
+        assert box.close_session("s") is True
         (tmp_path / "src" / "deep").mkdir(parents=True)
         (tmp_path / "src" / "deep" / "f.txt").write_text("folder upload")
         box.upload(tmp_path / "src", "/work")

@@ -141,8 +141,11 @@ ROUTES: dict[str, dict[str, str]] = {
     "/files/list": {"GET": "route_list_files"},
     "/archive": {"GET": "route_get_archive", "PUT": "route_put_archive"},
     "/apply_patch": {"POST": "route_apply_patch"},
+    "/shell": {"POST": "route_shell", "DELETE": "route_close_shell"},
 }
 EXEC_FIELDS = frozenset({"command", "cwd", "env", "timeout", "login_shell", "max_output", "stdin"})
+SHELL_FIELDS = frozenset({"command", "session", "timeout", "max_output"})
+MAX_SESSIONS = 64
 PATCH_FIELDS = frozenset({"patch", "cwd", "timeout"})
 
 
@@ -204,6 +207,27 @@ class AgentConfig:
         self.workdir = os.path.abspath(workdir)
         self.shell = shell or Shell.detect()
         self.base_env = child_environment(os.environ if environ is None else environ)
+        self.sessions: dict[str, ShellSession] = {}
+        self.sessions_lock = threading.Lock()
+
+    def session(self, name: str) -> ShellSession:
+        """The persistent shell called ``name``, started on first use."""
+        with self.sessions_lock:
+            session = self.sessions.get(name)
+            if session is None or not session.alive():
+                if session is None and len(self.sessions) >= MAX_SESSIONS:
+                    raise ApiError(429, f"at most {MAX_SESSIONS} shell sessions; close one (DELETE /shell)")
+                session = self.sessions[name] = ShellSession(self)
+            return session
+
+    def close_session(self, name: str) -> bool:
+        """Kill the shell called ``name`` and everything it started; False if there was none."""
+        with self.sessions_lock:
+            session = self.sessions.pop(name, None)
+        if session is None:
+            return False
+        session.kill()
+        return True
 
     def resolve(self, path: str) -> str:
         """An absolute, normalised path; relative paths are relative to the workdir."""
@@ -460,6 +484,131 @@ def _discard_in_background(fds: list[int]) -> None:
 def _close(fd: int) -> None:
     if fd >= 0:
         os.close(fd)
+
+
+class ShellSession:
+    """A persistent shell: commands share its working directory, variables and functions.
+
+    Each command is written to the shell's stdin as ``{ CMD\n} </dev/null`` followed by two
+    ``printf`` lines that print a random marker (with the exit status) on stdout and stderr; the
+    output of the command is what comes before the markers. A timeout kills the shell's whole
+    process group (the session starts afresh on the next command); a command that exits the
+    shell ends the session the same way.
+    """
+
+    def __init__(self, agent: AgentConfig) -> None:
+        shell = agent.shell
+        if shell.path is None:
+            raise FileNotFoundError("no shell found (looked for /bin/bash, /usr/bin/bash, /bin/sh)")
+        argv = [shell.path, "--noprofile", "--norc"] if shell.is_bash else [shell.path]
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=agent.default_cwd(),
+            env=agent.base_env,
+            start_new_session=True,
+        )
+        self.lock = threading.Lock()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        _kill_group(self.proc.pid)
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    def run(self, command: str, timeout: float | None, max_output: int) -> ProcessResult:
+        """Run one command in this shell (commands of one session run one at a time)."""
+        with self.lock:
+            return self._run(command, timeout, max_output)
+
+    def _run(self, command: str, timeout: float | None, max_output: int) -> ProcessResult:
+        start = time.monotonic()
+        marker = b"__orchard_" + os.urandom(8).hex().encode()
+        tag = marker.decode()
+        script = f"{{ {command}\n}} </dev/null\nprintf '%s %d\\n' {tag} \"$?\"\nprintf '%s\\n' {tag} >&2\n"
+        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        result = ProcessResult(Capture(max_output), Capture(max_output))
+        try:
+            self.proc.stdin.write(script.encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            result.error = "the shell session ended; run the command again to start a new one"
+            return result
+        out = _UntilMarker(self.proc.stdout.fileno(), marker, result.stdout)
+        err = _UntilMarker(self.proc.stderr.fileno(), marker, result.stderr)
+        deadline = None if timeout is None else start + timeout
+        with selectors.DefaultSelector() as selector:
+            for stream in (out, err):
+                selector.register(stream.fd, selectors.EVENT_READ, stream)
+            while not (out.done and err.done):
+                wait = None if deadline is None else deadline - time.monotonic()
+                if wait is not None and wait <= 0:
+                    result.timed_out = True
+                    break
+                for key, _ in selector.select(wait):
+                    stream = key.data
+                    if not stream.read():
+                        selector.unregister(stream.fd)
+        out.finish()
+        err.finish()
+        if result.timed_out:
+            self.kill()
+            result.exit_code = TIMEOUT_EXIT_CODE
+            result.error = "the shell session was killed with the command; the next command starts a new one"
+        elif out.status is not None:
+            result.exit_code = out.status
+        else:  # the command ended the shell (exit, exec, ...)
+            result.exit_code = self.proc.wait()
+            result.error = "the command ended the shell session; the next command starts a new one"
+        result.duration = time.monotonic() - start
+        return result
+
+
+class _UntilMarker:
+    """Reads one stream of a shell session into a capture until the marker line."""
+
+    def __init__(self, fd: int, marker: bytes, capture: Capture) -> None:
+        self.fd, self.marker, self.capture = fd, marker, capture
+        self.pending = b""
+        self.done = False
+        self.status: int | None = None
+
+    def finish(self) -> None:
+        """Keep what was held back while looking for a marker that will not come."""
+        if not self.done:
+            self.capture.feed(self.pending)
+            self.pending = b""
+
+    def read(self) -> bool:
+        """Read one chunk; False at EOF (the shell is gone)."""
+        chunk = os.read(self.fd, READ_CHUNK)
+        if not chunk:
+            self.finish()
+            self.done = True
+            return False
+        if self.done:
+            return True  # output of background jobs after the marker: dropped
+        self.pending += chunk
+        index = self.pending.find(self.marker)
+        if index < 0:
+            keep = len(self.marker) - 1
+            self.capture.feed(self.pending[:-keep])
+            self.pending = self.pending[-keep:]
+            return True
+        rest = self.pending[index + len(self.marker) :]
+        if b"\n" not in rest:
+            return True  # the status is still on its way
+        self.capture.feed(self.pending[:index])
+        status = rest.split(b"\n", 1)[0].strip()
+        self.status = int(status) if status.isdigit() else None
+        self.pending, self.done = b"", True
+        return True
 
 
 # -- request validation --------------------------------------------------------------------
@@ -859,6 +1008,27 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             max_output=max_output,
         )
         self.send_json(200, exec_answer(result, timeout))
+
+    def route_shell(self) -> None:
+        data = self.read_json(SHELL_FIELDS)
+        command = data.get("command")
+        if not isinstance(command, str) or not command.strip():
+            raise ApiError(400, "command must be a non-empty string in a shell session")
+        name = field_str(data, "session") or "default"
+        timeout, max_output = field_timeout(data), field_max_output(data)
+        try:
+            session = self.server.agent.session(name)
+        except FileNotFoundError as exc:
+            self.send_json(200, exec_answer(ProcessResult(Capture(0), Capture(0), error=str(exc))))
+            return
+        result = session.run(command, timeout, max_output)
+        if result.timed_out or not session.alive():
+            self.server.agent.close_session(name)
+        self.send_json(200, {**exec_answer(result, timeout), "session": name})
+
+    def route_close_shell(self) -> None:
+        name = self.param("session") or "default"
+        self.send_json(200, {"session": name, "closed": self.server.agent.close_session(name)})
 
     def route_get_file(self) -> None:
         path = self.path_param()
