@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -30,8 +31,12 @@ app = typer.Typer(
 )
 image_app = typer.Typer(help="Base images, built offline (no registry needed).", no_args_is_help=True)
 sandbox_app = typer.Typer(help="Sandboxes of the running service (`orchard up`).", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks that print ratios against baselines measured in the same run.", no_args_is_help=True
+)
 app.add_typer(image_app, name="image")
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(bench_app, name="bench")
 
 
 def command(group: typer.Typer, *args: Any, **kwargs: Any) -> Callable:
@@ -294,6 +299,24 @@ def sandbox_rm(sandbox_ids: Annotated[list[str], typer.Argument(help="Sandbox id
         for sandbox_id in sandbox_ids:
             client.attach(sandbox_id).delete()
             typer.echo(f"deleted {sandbox_id}")
+
+
+# -- benchmarks ---------------------------------------------------------------------------
+
+
+@command(bench_app, "env")
+def bench_env(
+    runs: Annotated[int, typer.Option(help="Commands measured per path and command.")] = 300,
+    n: Annotated[list[int], typer.Option("--n", help="Concurrent sandboxes (repeat for several).")] = [10, 50, 100],  # noqa: B006
+) -> None:
+    """Environment latency (every path side by side) and lifecycle at N concurrent sandboxes."""
+    folder = Path(__file__).resolve().parents[1] / "bench"
+    scripts = [folder / "env_latency.py", folder / "env_lifecycle.py"]
+    if not all(script.exists() for script in scripts):
+        raise OrchardError(f"the benchmarks live in a source checkout's bench/ folder, not found at {folder}")
+    latency = subprocess.run([sys.executable, str(scripts[0]), "--runs", str(runs)])
+    lifecycle = subprocess.run([sys.executable, str(scripts[1]), "--n", *map(str, n)])
+    raise typer.Exit(latency.returncode or lifecycle.returncode)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ here once.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,6 +134,14 @@ def check_command(command: str | Sequence[str]) -> str | list[str]:
     raise InvalidRequest("command must be a string or a non-empty list of strings")
 
 
+def split_exec_answer(body: bytes) -> tuple[dict[str, Any], bytes, bytes]:
+    """The agent's answer to a command: its JSON line of facts, then raw stdout and stderr."""
+    line_end = body.index(b"\n")
+    facts = json.loads(body[:line_end])
+    stdout_end = line_end + 1 + facts["stdout_length"]
+    return facts, body[line_end + 1 : stdout_end], body[stdout_end : stdout_end + facts["stderr_length"]]
+
+
 def _shell_text(command: str | Sequence[str]) -> str:
     import shlex
 
@@ -189,20 +198,19 @@ class AgentCalls:
 
     @staticmethod
     def _exec_result(response: httpx.Response) -> ExecResult:
-        body = response.json()
-        stdout, stderr = base64.b64decode(body["stdout"]), base64.b64decode(body["stderr"])
+        facts, stdout, stderr = split_exec_answer(response.content)
         return ExecResult(
-            exit_code=body["exit_code"],
+            exit_code=facts["exit_code"],
             stdout=_text(stdout),
             stderr=_text(stderr),
-            duration=body["duration"],
-            timed_out=body["timed_out"],
-            truncated=body["truncated"],
-            error=body["error"],
+            duration=facts["duration"],
+            timed_out=facts["timed_out"],
+            truncated=facts["truncated"],
+            error=facts["error"],
             raw_stdout=stdout,
             raw_stderr=stderr,
-            stdout_bytes=body["stdout_bytes"],
-            stderr_bytes=body["stderr_bytes"],
+            stdout_bytes=facts["stdout_bytes"],
+            stderr_bytes=facts["stderr_bytes"],
         )
 
     def read_file(self, path: str) -> Call:

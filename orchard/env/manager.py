@@ -25,6 +25,7 @@ from orchard import store
 from orchard.config import settings
 from orchard.env.backends import AgentEndpoint, Backend, BackendConfig, SandboxSpec, backend_config
 from orchard.env.backends.base import check_sandbox_id, owner_alive, process_owner
+from orchard.env.transport import AsyncUnixSocketTransport, UnixSocketTransport
 from orchard.errors import Conflict, NotFound, SandboxError, SandboxNotReady
 
 Status = Literal["pending", "ready", "failed", "deleted"]
@@ -309,12 +310,14 @@ class SandboxManager:
 
 def agent_http(endpoint: AgentEndpoint, *, timeout: float | None = None) -> httpx.Client:
     """A pooled keep-alive HTTP client straight to one agent (Unix socket or URL)."""
-    return httpx.Client(transport=httpx.HTTPTransport(uds=endpoint.uds), **_agent_options(endpoint, timeout))
+    transport = UnixSocketTransport(endpoint.uds) if endpoint.uds else httpx.HTTPTransport()
+    return httpx.Client(transport=transport, **_agent_options(endpoint, timeout))
 
 
 def async_agent_http(endpoint: AgentEndpoint, *, timeout: float | None = None) -> httpx.AsyncClient:
     """The async twin of `agent_http`."""
-    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=endpoint.uds), **_agent_options(endpoint, timeout))
+    transport = AsyncUnixSocketTransport(endpoint.uds) if endpoint.uds else httpx.AsyncHTTPTransport()
+    return httpx.AsyncClient(transport=transport, **_agent_options(endpoint, timeout))
 
 
 def _agent_options(endpoint: AgentEndpoint, timeout: float | None) -> dict:
@@ -353,9 +356,7 @@ class _ExecRecorder:
 
     def _run(self) -> None:
         while True:
-            batch = [self._queue.get()]
-            while not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+            batch = self._next_batch()
             rows = [item for item in batch if isinstance(item, tuple)]
             try:
                 if rows:
@@ -368,6 +369,28 @@ class _ExecRecorder:
                     item.set()
             if None in batch:
                 return
+
+    def _next_batch(self) -> list:
+        """Everything queued within BATCH_SECONDS of the first item (a flush or stop cuts it short).
+
+        One transaction per batch, not per command: a commit per command would compete with
+        the commands themselves for the CPU.
+        """
+        batch = [self._queue.get()]
+        deadline = time.monotonic() + BATCH_SECONDS
+        while not isinstance(batch[-1], threading.Event) and batch[-1] is not None and len(batch) < 1000:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                batch.append(self._queue.get(timeout=remaining))
+            except queue.Empty:
+                break
+        return batch
+
+
+BATCH_SECONDS = 0.2
+"""How long the exec recorder gathers commands before one write."""
 
 
 def _exec_record(job_id: str, sandbox_id: str, command: str, result, started_at: float) -> store.ExecRecord:

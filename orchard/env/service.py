@@ -344,8 +344,9 @@ class Service:
         job = self.jobs.get(job_id)
         if job is None:
             raise NotFound(f"no job {job_id!r} (finished jobs are kept {JOB_KEEP_SECONDS:.0f} s)")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(job.done.wait(), timeout)
+        if not job.done.is_set() and timeout > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(job.done.wait(), timeout)
         return job
 
     # housekeeping
@@ -482,11 +483,12 @@ def create_app(service: Service) -> FastAPI:
         return {"status": "ok", "sandbox_id": sandbox_id}
 
     @app.post("/sandboxes/{sandbox_id}/exec", dependencies=keyed)
-    async def exec_command(sandbox_id: str, body: ExecBody) -> dict:
+    async def exec_command(sandbox_id: str, body: ExecBody) -> Response:
         job = await service.submit(sandbox_id, body)
         if not body.wait:
-            return {"job_id": job.job_id, "status": "queued"}
-        return (await service.wait_job(job.job_id, body.timeout_seconds + 30)).public()
+            return JSONResponse({"job_id": job.job_id, "status": "queued"})
+        # JSONResponse straight away: the hot path skips response-model validation
+        return JSONResponse((await service.wait_job(job.job_id, body.timeout_seconds + 30)).public())
 
     @app.delete("/sandboxes/{sandbox_id}/shell", dependencies=keyed)
     async def close_session(sandbox_id: str, session: str = "default") -> dict:
@@ -494,12 +496,12 @@ def create_app(service: Service) -> FastAPI:
         return {"session": session, "closed": closed}
 
     @app.get("/jobs/{job_id}", dependencies=keyed)
-    async def get_job(job_id: str) -> dict:
-        return (await service.wait_job(job_id, 0)).public()
+    async def get_job(job_id: str) -> Response:
+        return JSONResponse((await service.wait_job(job_id, 0)).public())
 
     @app.get("/jobs/{job_id}/wait", dependencies=keyed)
-    async def wait_job(job_id: str, timeout: Annotated[float, Query(ge=0)] = 300.0) -> dict:
-        return (await service.wait_job(job_id, timeout)).public()
+    async def wait_job(job_id: str, timeout: Annotated[float, Query(ge=0)] = 300.0) -> Response:
+        return JSONResponse((await service.wait_job(job_id, timeout)).public())
 
     @app.post("/sandboxes/{sandbox_id}/apply_patch", dependencies=keyed)
     async def apply_patch(sandbox_id: str, body: PatchBody) -> dict:

@@ -24,6 +24,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from orchard.env.calls import split_exec_answer
+
 SERVER = Path(__file__).resolve().parents[2] / "orchard" / "env" / "agent" / "server.py"
 TOKEN = "test-token-0123456789"
 AGENT_ONLY_ENV = {
@@ -109,13 +111,12 @@ def ws(agent: Agent) -> Path:
 
 
 def run(client: httpx.Client, command: str | list[str], **fields: object) -> dict:
-    """POST /exec; returns the answer with stdout and stderr decoded to bytes."""
+    """POST /exec; returns the facts with the raw stdout and stderr bytes added."""
     response = client.post("/exec", json={"command": command, **fields})
     assert response.status_code == 200, response.text
-    answer = response.json()
-    answer["stdout"] = base64.b64decode(answer["stdout"])
-    answer["stderr"] = base64.b64decode(answer["stderr"])
-    return answer
+    assert response.headers["content-type"] == "application/vnd.orchard.exec"
+    facts, stdout, stderr = split_exec_answer(response.content)
+    return {**facts, "stdout": stdout, "stderr": stderr}
 
 
 def is_alive(pid: int) -> bool:
@@ -565,7 +566,7 @@ def test_keep_alive_serves_many_requests_on_one_connection(agent: Agent) -> None
             sockets.append(connection.sock)
             response = connection.getresponse()
             assert response.status == 200 and not response.will_close
-            assert base64.b64decode(json.loads(response.read())["stdout"]) == f"{i}\n".encode()
+            assert split_exec_answer(response.read())[1] == f"{i}\n".encode()
             connection.request("GET", "/health", body="{}")  # an error in between keeps it open
             sockets.append(connection.sock)
             response = connection.getresponse()
@@ -667,8 +668,8 @@ def test_no_shell_gives_an_error_not_a_crash(server_module) -> None:
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
             response = c.post("/exec", json={"command": "true"})
         assert response.status_code == 200
-        assert response.json()["exit_code"] is None
-        assert "no shell" in response.json()["error"]
+        facts = split_exec_answer(response.content)[0]
+        assert facts["exit_code"] is None and "no shell" in facts["error"]
     finally:
         server.shutdown()
         server.server_close()

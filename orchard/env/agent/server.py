@@ -35,11 +35,21 @@ resolved against the workdir.
     killed, ``exit_code`` is 124 and a marker line is appended to stderr. Once the command exits,
     output is read for at most 100 ms more, so background processes holding the pipes do not
     hang the call (their later output is read and discarded, so they never get ``SIGPIPE``).
-    Answer (200): ``{"exit_code": int|null, "stdout": base64, "stderr": base64,
-    "stdout_bytes": int, "stderr_bytes": int, "truncated": bool, "timed_out": bool,
-    "duration": float, "error": str|null}``; ``*_bytes`` count everything produced; a signal
-    death gives ``128 + signum``; a command that cannot start gives ``exit_code`` null and
-    ``error``.
+    Answer (200, ``application/vnd.orchard.exec``): one JSON line ``{"exit_code": int|null,
+    "stdout_length": int, "stderr_length": int, "stdout_bytes": int, "stderr_bytes": int,
+    "truncated": bool, "timed_out": bool, "duration": float, "error": str|null}``, a newline,
+    then the raw stdout bytes (``stdout_length`` of them) and the raw stderr bytes. ``*_bytes``
+    count everything produced (before the cap); a signal death gives ``128 + signum``; a command
+    that cannot start gives ``exit_code`` null and ``error``.
+
+``POST /shell``
+    Body ``{"command": str, "session": str (default "default"), "timeout": number|null,
+    "max_output": int|null}``: the command runs in a persistent shell of that name (started on
+    first use), so cwd, variables and functions carry over. Answered as ``/exec`` (plus
+    ``"session"`` in the JSON line). A timeout kills the session's whole process group, and a
+    command that ends the shell ends the session; either way the next command starts a fresh
+    shell, and ``error`` says so. ``DELETE /shell?session=NAME`` ends a session:
+    ``{"session", "closed": bool}``.
 
 ``GET /files?path=P``
     The raw bytes (``application/octet-stream``). Missing: 404; a directory: 400.
@@ -146,6 +156,7 @@ ROUTES: dict[str, dict[str, str]] = {
 EXEC_FIELDS = frozenset({"command", "cwd", "env", "timeout", "login_shell", "max_output", "stdin"})
 SHELL_FIELDS = frozenset({"command", "session", "timeout", "max_output"})
 MAX_SESSIONS = 64
+EXEC_CONTENT_TYPE = "application/vnd.orchard.exec"
 PATCH_FIELDS = frozenset({"patch", "cwd", "timeout"})
 
 
@@ -957,6 +968,9 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         head = self._head(status, content_type, len(body), headers or {})
         self.wfile.write(head if self.command == "HEAD" else head + body)
 
+    def send_exec(self, result: ProcessResult, timeout: float | None = None, **extra: object) -> None:
+        self.send_bytes(200, exec_answer(result, timeout, **extra), EXEC_CONTENT_TYPE)
+
     def send_json(self, status: int, obj: object, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(obj, separators=(",", ":")).encode()
         self.send_bytes(status, body, "application/json", headers)
@@ -997,7 +1011,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         try:
             argv = agent.shell.argv(script, login)
         except FileNotFoundError as exc:
-            self.send_json(200, exec_answer(ProcessResult(Capture(0), Capture(0), error=str(exc))))
+            self.send_exec(ProcessResult(Capture(0), Capture(0), error=str(exc)))
             return
         result = run_process(
             argv,
@@ -1007,7 +1021,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             timeout=timeout,
             max_output=max_output,
         )
-        self.send_json(200, exec_answer(result, timeout))
+        self.send_exec(result, timeout)
 
     def route_shell(self) -> None:
         data = self.read_json(SHELL_FIELDS)
@@ -1019,12 +1033,12 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         try:
             session = self.server.agent.session(name)
         except FileNotFoundError as exc:
-            self.send_json(200, exec_answer(ProcessResult(Capture(0), Capture(0), error=str(exc))))
+            self.send_exec(ProcessResult(Capture(0), Capture(0), error=str(exc)))
             return
         result = session.run(command, timeout, max_output)
         if result.timed_out or not session.alive():
             self.server.agent.close_session(name)
-        self.send_json(200, {**exec_answer(result, timeout), "session": name})
+        self.send_exec(result, timeout, session=name)
 
     def route_close_shell(self) -> None:
         name = self.param("session") or "default"
@@ -1106,18 +1120,26 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         self.send_json(200, apply_patch(patch, cwd, timeout, self.server.agent.base_env))
 
 
-def exec_answer(result: ProcessResult, timeout: float | None = None) -> dict[str, object]:
-    return {
+def exec_answer(result: ProcessResult, timeout: float | None = None, **extra: object) -> bytes:
+    """The answer to a command: one JSON line of facts, then the raw stdout and stderr bytes.
+
+    Raw bytes, not base64 in JSON: output is often large, and neither side should pay to encode
+    or parse it. The JSON line gives each stream's length in the body.
+    """
+    stdout, stderr = result.stdout.value(), result.stderr_value(timeout)
+    facts = {
         "exit_code": result.exit_code,
-        "stdout": base64.b64encode(result.stdout.value()).decode("ascii"),
-        "stderr": base64.b64encode(result.stderr_value(timeout)).decode("ascii"),
+        "stdout_length": len(stdout),
+        "stderr_length": len(stderr),
         "stdout_bytes": result.stdout.total,
         "stderr_bytes": result.stderr.total,
         "truncated": result.stdout.truncated or result.stderr.truncated,
         "timed_out": result.timed_out,
         "duration": round(result.duration, 6),
         "error": result.error,
+        **extra,
     }
+    return b"".join((json.dumps(facts).encode(), b"\n", stdout, stderr))
 
 
 def apply_patch(patch: str, cwd: str, timeout: float, env: dict[str, str]) -> dict[str, object]:
