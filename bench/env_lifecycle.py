@@ -19,10 +19,14 @@ Not a test: it prints figures, and ratios measured in the same run. For each N:
   does) and with `network_mode="none"` (what Orchard's `blocked` uses). No commands run in them.
 
 Measured: wall time of the N threads (the thread pool only: not the client set-up, which builds
-the agent bundle and connects once), commands/s, p50/p95 of create (for Orchard: until the
-agent answers), exec and delete. Not measured: image pulls (the image must be present), the
-service mode (`orchard up`), the store on PostgreSQL, anything outside the local engine (no
-network traffic beyond the engine's socket). One warm-up sandbox and container come first.
+the agent bundle and connects once), commands/s (commands that passed their check, over that
+wall time), p50/p95 of create (for Orchard: until the agent answers), exec and delete. One
+warm-up sandbox or container comes first on each path. The floor's Docker client gets a
+connection pool as large as the thread count, so it does not pay for discarded connections.
+Not measured: image pulls (the image must be present), the service mode (`orchard up`), the
+store on PostgreSQL, anything outside the local engine (no network traffic beyond its socket).
+The engine is watched meanwhile: containers that other processes create during a path (a test
+run on the same engine, say) are counted and flagged, since they skew the figures.
 
 Nothing leaks: each path removes what it made in a `finally`, and a sweep by label (the raw
 containers carry `org.orchard.bench=lifecycle`; Orchard's carry this process as owner) runs
@@ -44,15 +48,18 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import docker
 
 from orchard.config import BASE_IMAGE
 from orchard.env import Client
 from orchard.env.backends.base import LABEL_PREFIX, process_owner
+from orchard.env.client import Sandbox
 
-BENCH_LABEL = {"org.orchard.bench": "lifecycle"}
-ORCHARD_LABEL = {LABEL_PREFIX + "owner": process_owner()}
+OWNER = process_owner()
+BENCH_LABEL = {"org.orchard.bench": "lifecycle", "org.orchard.bench.owner": OWNER}
+ORCHARD_LABEL = {LABEL_PREFIX + "owner": OWNER}
 OS_RELEASE = re.compile(r"^(PRETTY_)?NAME=")
 
 
@@ -103,6 +110,8 @@ class PathResult:
     delete_ms: list[float]
     errors: list[str]
     leaked: int = 0
+    foreign: int = 0
+    """Containers other processes created in the engine meanwhile (they skew the figures)."""
 
     @property
     def commands_per_s(self) -> float | None:
@@ -159,7 +168,7 @@ def orchard_trial(client: Client, image: str, stop: threading.Event) -> Trial:
     return trial
 
 
-def run_command(box, command: Command, trial: Trial) -> None:
+def run_command(box: Sandbox, command: Command, trial: Trial) -> None:
     started = time.perf_counter()
     try:
         result = box.exec(command.text, login_shell=command.login_shell)
@@ -213,7 +222,33 @@ def run_threads(n: int, workers: int, trial: Callable[[threading.Event], Trial])
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def result_of(n: int, path: str, trials: list[Trial], wall_s: float, leaked: int) -> PathResult:
+def run_watched(n: int, workers: int, trial: Callable[[threading.Event], Trial]) -> tuple[list[Trial], float, int]:
+    """`run_threads`, plus how many containers other processes created in the engine meanwhile."""
+    watcher_engine = docker.from_env()
+    stream = watcher_engine.api.events(filters={"type": "container", "event": "create"}, decode=True)
+    foreign: list[str] = []
+    watcher = threading.Thread(target=collect_foreign, args=(stream, foreign), daemon=True)
+    watcher.start()
+    try:
+        trials, wall_s = run_threads(n, workers, trial)
+    finally:
+        stream.close()
+        watcher.join(timeout=5)
+        watcher_engine.close()
+    return trials, wall_s, len(foreign)
+
+
+def collect_foreign(stream, foreign: list[str]) -> None:
+    """Append the name of each container created without this run's labels, until the stream closes."""
+    mine = (ORCHARD_LABEL.items(), BENCH_LABEL.items())
+    with contextlib.suppress(Exception):  # the stream was closed under us: done
+        for event in stream:
+            attributes = event["Actor"]["Attributes"]
+            if not any(labels <= attributes.items() for labels in mine):
+                foreign.append(attributes.get("name", "?"))
+
+
+def result_of(n: int, path: str, trials: list[Trial], wall_s: float, leaked: int, foreign: int) -> PathResult:
     return PathResult(
         n=n,
         path=path,
@@ -225,6 +260,7 @@ def result_of(n: int, path: str, trials: list[Trial], wall_s: float, leaked: int
         delete_ms=[t.delete_ms for t in trials if t.delete_ms is not None],
         errors=[t.error for t in trials if t.error],
         leaked=leaked,
+        foreign=foreign,
     )
 
 
@@ -233,22 +269,23 @@ def measure_orchard(n: int, image: str, workers: int, engine: docker.DockerClien
         try:
             with Client(db_url=f"sqlite:///{tmp}/bench.db") as client:
                 client.create(image).delete()  # warm-up: connections, caches (not counted)
-                trials, wall_s = run_threads(n, workers, lambda stop: orchard_trial(client, image, stop))
+                trials, wall_s, foreign = run_watched(n, workers, partial(orchard_trial, client, image))
         finally:
             leaked = sweep(engine, ORCHARD_LABEL)
-    return result_of(n, "orchard (blocked)", trials, wall_s, leaked)
+    return result_of(n, "orchard (blocked)", trials, wall_s, leaked, foreign)
 
 
 def measure_floor(n: int, image: str, workers: int, network_mode: str | None) -> PathResult:
     engine = docker.from_env(timeout=300, max_pool_size=max(workers, 10))  # no pool-full discards
     try:
         floor_trial(engine, image, network_mode, threading.Event())  # warm-up (not counted)
-        trials, wall_s = run_threads(n, workers, lambda stop: floor_trial(engine, image, network_mode, stop))
+        trial = partial(floor_trial, engine, image, network_mode)
+        trials, wall_s, foreign = run_watched(n, workers, trial)
     finally:
         leaked = sweep(engine, BENCH_LABEL)
         engine.close()
     name = "docker SDK, no network" if network_mode == "none" else "docker SDK, bridge"
-    return result_of(n, name, trials, wall_s, leaked)
+    return result_of(n, name, trials, wall_s, leaked, foreign)
 
 
 def sweep(engine: docker.DockerClient, labels: dict[str, str]) -> int:
@@ -288,6 +325,8 @@ def print_table(results: list[PathResult]) -> None:
             line += f"  vs orchard: {orchard.wall_s / r.wall_s:.2f}"
         if r.leaked:
             line += f"  LEAKED {r.leaked}"
+        if r.foreign:
+            line += f"  (engine busy: {r.foreign} foreign containers)"
         print(line)
     for n in sorted({r.n for r in results}):
         orchard, bridge, none = trio(results, n)
@@ -308,7 +347,7 @@ def write_json(path: str, args: argparse.Namespace, results: list[PathResult]) -
         }
     document = {
         "image": args.image,
-        "workers": args.workers,
+        "workers": args.workers or "N",
         "cpus": os.cpu_count(),
         "results": [r.summary() for r in results],
         "ratios": ratios,
@@ -329,6 +368,8 @@ def measure_all(n: int, image: str, workers: int, engine: docker.DockerClient) -
         print(f"N={n} {result.path}: ok {result.ok}/{n}, wall {result.wall_s:.2f} s", flush=True)
         if result.errors:
             print(f"  {len(result.errors)} failure(s), first: {result.errors[0]}", flush=True)
+        if result.foreign:
+            print(f"  warning: other processes created {result.foreign} containers meanwhile", flush=True)
         results.append(result)
     return results
 
@@ -347,8 +388,10 @@ def main() -> None:
     engine.images.get(args.image)  # fails now, clearly, when the image is missing
     results: list[PathResult] = []
     try:
-        for n in args.n:
+        for n in dict.fromkeys(args.n):  # each N once
             results += measure_all(n, args.image, args.workers or n, engine)
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted; every container made so far is removed") from None
     finally:
         for labels in (BENCH_LABEL, ORCHARD_LABEL):
             if left := sweep(engine, labels):
