@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import os
 import queue
 import secrets
 import threading
@@ -123,7 +124,7 @@ class SandboxManager:
         deadline = time.monotonic() + timeout
         with agent_http(info.endpoint, timeout=2.0) as http:
             delay, next_state_check = 0.002, time.monotonic() + 0.2
-            while not _answers(http):
+            while not _answers(http, info.endpoint):
                 self.get(sandbox_id)  # NotFound once deleted meanwhile
                 now = time.monotonic()
                 if now >= next_state_check:
@@ -324,7 +325,9 @@ def _agent_options(endpoint: AgentEndpoint, timeout: float | None) -> dict:
     return {"base_url": endpoint.url, "headers": {"Authorization": f"Bearer {endpoint.token}"}, "timeout": timeout}
 
 
-def _answers(http: httpx.Client) -> bool:
+def _answers(http: httpx.Client, endpoint: AgentEndpoint) -> bool:
+    if endpoint.uds and not os.path.exists(endpoint.uds):  # the agent renames it into place ready
+        return False
     try:
         return http.get("/health").status_code == 200
     except httpx.TransportError:

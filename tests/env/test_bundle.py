@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import os
@@ -23,6 +22,7 @@ import pytest
 
 from orchard.env import bundle as bundle_module
 from orchard.env.bundle import DEFAULT_AGENT, Bundle, build_bundle, elf_interpreter
+from orchard.env.calls import split_exec_answer
 from orchard.errors import ConfigError
 
 MOUNT = "/.orchard"
@@ -198,7 +198,7 @@ def _assert_runs_agent(client, image: str, built: Bundle) -> None:
             headers={"Authorization": f"Bearer {token}"},
         )
         assert answer.status_code == 200, answer.text
-        assert base64.b64decode(answer.json()["stdout"]) == b"hi\n\n"
+        assert split_exec_answer(answer.content)[1] == b"hi\n\n"
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ optional cpu/memory limits, optional runtime (`runsc` for gVisor). Network `bloc
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import shutil
 import stat
@@ -37,6 +38,8 @@ from orchard.errors import ConfigError, Conflict, EngineUnavailable, ImageNotFou
 AGENT_MOUNT = "/.orchard"
 RUN_MOUNT = "/.orchard-run"
 AGENT_PORT = 7000
+LOOPBACK_HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+"""/etc/hosts of a `blocked` sandbox, which has loopback only."""
 
 
 class DockerConfig(BaseModel):
@@ -89,6 +92,8 @@ class DockerBackend:
             self.route = "port" if info.get("OperatingSystem") == "Docker Desktop" else "socket"
         self.bundle = build_bundle()
         self._run_root = _private_folder(settings().run_dir)
+        self._loopback_hosts = _write_once(self._run_root / "hosts", LOOPBACK_HOSTS)
+        self._api.trust_env = False  # no proxy look-up on every call to a local engine
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -117,6 +122,9 @@ class DockerBackend:
                 environment={**spec.env, **self.bundle.environment(AGENT_MOUNT), "ORCHARD_AGENT_TOKEN": token},
                 host_config=self._host_config(run_dir, spec),
                 ports=[AGENT_PORT] if self.route == "port" else None,
+                # Blocked: not even Docker's network set-up runs (its busiest per-container
+                # work); the container keeps only loopback.
+                network_disabled=spec.network == "blocked",
                 detach=True,
             )
         except DockerImageNotFound:
@@ -186,11 +194,14 @@ class DockerBackend:
     def _host_config(self, run_dir: Path, spec: SandboxSpec) -> dict:
         from docker.types import Mount
 
+        mounts = [
+            Mount(AGENT_MOUNT, str(self.bundle.path), type="bind", read_only=True),
+            Mount(RUN_MOUNT, str(run_dir), type="bind"),
+        ]
+        if spec.network == "blocked":  # Docker writes no /etc/hosts without networking
+            mounts.append(Mount("/etc/hosts", str(self._loopback_hosts), type="bind", read_only=True))
         return self._api.create_host_config(
-            mounts=[
-                Mount(AGENT_MOUNT, str(self.bundle.path), type="bind", read_only=True),
-                Mount(RUN_MOUNT, str(run_dir), type="bind"),
-            ],
+            mounts=mounts,
             network_mode="none" if spec.network == "blocked" else "bridge",
             port_bindings={AGENT_PORT: ("127.0.0.1", None)} if self.route == "port" else None,
             init=True,
@@ -235,6 +246,18 @@ def _private_folder(path: Path) -> Path:
         raise ConfigError(f"{path} is not a folder of this user; set ORCHARD_RUN_DIR to a private folder")
     if stat.S_IMODE(info.st_mode) != 0o700:
         path.chmod(0o700)
+    return path
+
+
+def _write_once(path: Path, text: str) -> Path:
+    """Write a file readable by all, atomically, unless it already holds `text` (it may be mounted)."""
+    with contextlib.suppress(OSError):
+        if path.read_text() == text:
+            return path
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    tmp.chmod(0o644)
+    os.replace(tmp, path)
     return path
 
 
