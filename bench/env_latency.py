@@ -7,7 +7,7 @@ For each command (`true`, `echo hi`, `ls /`, 1 MB of output) it measures, in the
 * `docker exec` through the CLI (what mini-swe-agent does) and the Docker SDK's `exec_run`;
 * Orchard's SDK straight to the injected agent (Unix socket, keep-alive), one shell per command;
 * Orchard's SDK in a persistent shell session (`exec(..., session=...)`: state kept, no new shell);
-* Orchard's SDK through an `orchard up` service on loopback;
+* Orchard's SDK through an `orchard up` service on loopback (its own process, as users run it);
 * the floors: a bare, minimal stdlib HTTP/1.1 keep-alive server in the same container, asked with a
   bare `http.client` over its own Unix socket, running the command as the agent does
   (`bash -c`), and the same server feeding one persistent bash (the floor of session mode).
@@ -22,10 +22,13 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
+import shutil
 import socket
 import statistics
 import subprocess
-import threading
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,8 +38,6 @@ import httpx
 from orchard.config import BASE_IMAGE, settings
 from orchard.env import Client
 from orchard.env.backends.docker import AGENT_MOUNT, RUN_MOUNT
-from orchard.env.manager import SandboxManager
-from orchard.env.service import Service, create_app
 
 COMMANDS = {
     "true": "true",
@@ -106,19 +107,18 @@ def timings(run: Callable[[], object], runs: int, warmup: int = 20) -> list[floa
 
 
 def start_service() -> tuple[str, Callable[[], None]]:
-    """An `orchard up` service on a free loopback port, in a thread of this process."""
-    import uvicorn
-
+    """`orchard up` in its own process (as users run it), on a free loopback port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    manager = SandboxManager("docker")
-    app = create_app(Service(manager, "bench"))
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", timeout_keep_alive=300))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    home = tempfile.mkdtemp(prefix="orchard-bench-")
+    env = {**os.environ, "ORCHARD_HOME": home, "ORCHARD_API_KEY": "bench"}
+    argv = [sys.executable, "-m", "orchard.env.service", "--port", str(port)]
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     while True:
+        if process.poll() is not None:
+            raise SystemExit("the service did not start")
         try:
             httpx.get(f"{url}/health")
             break
@@ -126,9 +126,9 @@ def start_service() -> tuple[str, Callable[[], None]]:
             time.sleep(0.05)
 
     def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=60)
-        manager.close()
+        process.terminate()  # it deletes its sandboxes on the way out
+        process.wait(timeout=120)
+        shutil.rmtree(home, ignore_errors=True)
 
     return url, stop
 

@@ -410,13 +410,7 @@ def create_app(service: Service) -> FastAPI:
     )
     _add_error_handlers(app)
 
-    @app.middleware("http")
-    async def refuse_huge_bodies(request: Request, call_next):
-        """Refuse an upload from its Content-Length, before reading (base64 JSON is 4/3 larger)."""
-        limit = service.max_upload_bytes * 4 // 3 + 2**16
-        if int(request.headers.get("content-length") or 0) > limit:
-            return JSONResponse({"detail": _too_large(service.max_upload_bytes).detail}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(RefuseHugeBodies, service=service)
 
     def require_key(x_api_key: Annotated[str | None, Header()] = None) -> None:
         if service.api_key is None:
@@ -544,6 +538,26 @@ def create_app(service: Service) -> FastAPI:
         return await asend(await service.agent(sandbox_id), AgentCalls().put_archive(path, tar))
 
     return app
+
+
+class RefuseHugeBodies:
+    """Refuse an upload from its Content-Length, before reading it (base64 JSON is 4/3 larger).
+
+    A plain ASGI middleware: Starlette's BaseHTTPMiddleware would cost every request a task.
+    """
+
+    def __init__(self, app: Any, service: Service):
+        self.app, self.service = app, service
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            limit = self.service.max_upload_bytes * 4 // 3 + 2**16
+            for name, value in scope["headers"]:
+                if name == b"content-length" and value.isdigit() and int(value) > limit:
+                    detail = _too_large(self.service.max_upload_bytes).detail
+                    await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
 
 
 def _too_large(limit: int) -> HTTPException:
