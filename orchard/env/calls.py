@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
+from typing import Any, Protocol
 
 from orchard.env.backends.base import check_sandbox_id
 from orchard.errors import (
@@ -82,6 +80,37 @@ class FileInfo:
     modified: float
 
 
+class Response(Protocol):
+    """What a channel answers: an httpx.Response or a transport.Answer."""
+
+    status_code: int
+
+    @property
+    def content(self) -> bytes: ...
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def reason_phrase(self) -> str: ...
+
+    def json(self) -> Any: ...
+
+
+class Channel(Protocol):
+    """Something that sends one call and answers (see `orchard.env.transport`)."""
+
+    def request(self, call: Call) -> Response: ...
+
+    def close(self) -> None: ...
+
+
+class AsyncChannel(Protocol):
+    def request(self, call: Call) -> Awaitable[Response]: ...
+
+    async def aclose(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Call:
     """One HTTP request and the function that turns its answer into a result.
@@ -91,14 +120,14 @@ class Call:
 
     method: str
     path: str
-    parse: Callable[[httpx.Response], Any]
+    parse: Callable[[Response], Any]
     params: dict[str, Any] | None = None
     json: Any = None
     content: bytes | None = None
     timeout: float | None = None
 
 
-def raise_for_status(response: httpx.Response) -> None:
+def raise_for_status(response: Response) -> None:
     """Turn an error answer of the agent or the service into Orchard's exceptions."""
     status = response.status_code
     if status < 400:
@@ -197,7 +226,7 @@ class AgentCalls:
         return Call("DELETE", "/shell", lambda r: r.json()["closed"], params={"session": session})
 
     @staticmethod
-    def _exec_result(response: httpx.Response) -> ExecResult:
+    def _exec_result(response: Response) -> ExecResult:
         facts, stdout, stderr = split_exec_answer(response.content)
         return ExecResult(
             exit_code=facts["exit_code"],
@@ -268,7 +297,7 @@ class ServiceCalls:
         wait = (timeout if timeout is not None else 300.0) + 30.0
         return Call("POST", f"{self.prefix}/exec", self._job, json=body, timeout=wait + 30.0)
 
-    def _job(self, response: httpx.Response) -> ExecResult | Call:
+    def _job(self, response: Response) -> ExecResult | Call:
         job = response.json()
         if job["status"] in ("queued", "running"):
             return Call(
@@ -343,7 +372,7 @@ class ServiceSandboxes:
 
     @staticmethod
     def create(body: dict[str, Any]) -> Call:
-        def created(response: httpx.Response) -> str:
+        def created(response: Response) -> str:
             sandbox = response.json()
             if sandbox["status"] == "failed":
                 raise SandboxError(sandbox.get("status_message") or "the sandbox failed to start")
@@ -353,7 +382,7 @@ class ServiceSandboxes:
 
     @staticmethod
     def wait(sandbox_id: str, timeout: float) -> Call:
-        def ready(response: httpx.Response) -> dict:
+        def ready(response: Response) -> dict:
             sandbox = response.json()
             if sandbox["status"] == "failed":
                 raise SandboxError(sandbox.get("status_message") or f"sandbox {sandbox_id} failed to start")
@@ -377,11 +406,11 @@ def _path(path: str) -> str:
     return path
 
 
-def _listing(response: httpx.Response) -> list[FileInfo]:
+def _listing(response: Response) -> list[FileInfo]:
     return [FileInfo(**entry) for entry in response.json()["files"]]
 
 
-def _patch_result(response: httpx.Response) -> PatchResult:
+def _patch_result(response: Response) -> PatchResult:
     body = response.json()
     return PatchResult(
         success=body["success"],
@@ -392,42 +421,23 @@ def _patch_result(response: httpx.Response) -> PatchResult:
     )
 
 
-def send(http: httpx.Client, call: Call) -> Any:
-    """Send a call (and any follow-up call its answer asks for) with a sync client."""
+def send(channel: Channel, call: Call) -> Any:
+    """Send a call (and any follow-up call its answer asks for) through a sync channel."""
     while True:
-        try:
-            response = http.request(call.method, call.path, **_request_options(call))
-        except httpx.TransportError as exc:
-            raise _unreachable(http.base_url, exc) from exc
-        result = _parse(call, response)
+        answer = channel.request(call)
+        raise_for_status(answer)
+        result = call.parse(answer)
         if not isinstance(result, Call):
             return result
         call = result
 
 
-async def asend(http: httpx.AsyncClient, call: Call) -> Any:
-    """Send a call (and its follow-ups) with an async client."""
+async def asend(channel: AsyncChannel, call: Call) -> Any:
+    """Send a call (and its follow-ups) through an async channel."""
     while True:
-        try:
-            response = await http.request(call.method, call.path, **_request_options(call))
-        except httpx.TransportError as exc:
-            raise _unreachable(http.base_url, exc) from exc
-        result = _parse(call, response)
+        answer = await channel.request(call)
+        raise_for_status(answer)
+        result = call.parse(answer)
         if not isinstance(result, Call):
             return result
         call = result
-
-
-def _request_options(call: Call) -> dict[str, Any]:
-    timeout = httpx.USE_CLIENT_DEFAULT if call.timeout is None else call.timeout
-    return {"params": call.params, "json": call.json, "content": call.content, "timeout": timeout}
-
-
-def _parse(call: Call, response: httpx.Response) -> Any:
-    raise_for_status(response)
-    return call.parse(response)
-
-
-def _unreachable(url: httpx.URL, exc: httpx.TransportError) -> AgentError:
-    where = "the sandbox's agent" if url.host == "agent" else str(url)
-    return AgentError(f"no answer from {where}: {type(exc).__name__} {exc}".rstrip())

@@ -39,6 +39,7 @@ from orchard.env.backends.base import Network, SandboxSpec, parse_memory
 from orchard.env.calls import (
     AgentCalls,
     Call,
+    Channel,
     ExecResult,
     FileInfo,
     PatchResult,
@@ -48,6 +49,7 @@ from orchard.env.calls import (
     send,
 )
 from orchard.env.manager import SandboxInfo, SandboxManager, agent_http, async_agent_http
+from orchard.env.transport import AsyncAgentChannel, AsyncHttpxChannel, HttpxChannel
 from orchard.errors import AgentError, ConfigError, InvalidRequest, SandboxError
 
 __all__ = [
@@ -73,7 +75,7 @@ class Sandbox:
         self,
         sandbox_id: str,
         image: str,
-        http: httpx.Client,
+        http: Channel,
         calls: AgentCalls | ServiceCalls,
         on_delete: Callable[[str], None],
         on_exec: Callable[[str, str, ExecResult, float], None] | None = None,
@@ -187,7 +189,9 @@ class Client:
         self._closed = False
         if self.url:
             self._manager = None
-            self._http = httpx.Client(base_url=self.url, headers=_auth_headers(self.url, api_key), timeout=60.0)
+            self._http = HttpxChannel(
+                httpx.Client(base_url=self.url, headers=_auth_headers(self.url, api_key), timeout=60.0)
+            )
         else:
             self._manager = SandboxManager(backend, db_url=db_url)
         _track(self)
@@ -312,7 +316,7 @@ class AsyncSandbox:
         self,
         sandbox_id: str,
         image: str,
-        http: httpx.AsyncClient,
+        http: AsyncAgentChannel | AsyncHttpxChannel,
         calls: AgentCalls | ServiceCalls,
         on_delete: Callable[[str], Awaitable[None]],
         on_exec: Callable[[str, str, ExecResult, float], None] | None = None,
@@ -415,7 +419,9 @@ class AsyncClient:
         self._closed = False
         if self.url:
             self._manager = None
-            self._http = httpx.AsyncClient(base_url=self.url, headers=_auth_headers(self.url, api_key), timeout=60.0)
+            self._http = AsyncHttpxChannel(
+                httpx.AsyncClient(base_url=self.url, headers=_auth_headers(self.url, api_key), timeout=60.0)
+            )
         else:
             self._manager = SandboxManager(backend, db_url=db_url)
         _track(self)
@@ -491,9 +497,10 @@ class AsyncClient:
         if self._manager is not None:
             self._manager.close()
         else:
-            with httpx.Client(base_url=str(self._http.base_url), headers=dict(self._http.headers)) as http:
+            remote = self._http.client
+            with httpx.Client(base_url=remote.base_url, headers=remote.headers) as http:
                 for sandbox_id in list(self._mine):
-                    send(http, ServiceSandboxes.delete(sandbox_id))
+                    send(HttpxChannel(http), ServiceSandboxes.delete(sandbox_id))
 
     async def __aenter__(self) -> AsyncClient:
         return self

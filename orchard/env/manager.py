@@ -19,15 +19,15 @@ import time
 from dataclasses import dataclass, replace
 from typing import Literal
 
-import httpx
 from pydantic import BaseModel
 
 from orchard import store
 from orchard.config import settings
 from orchard.env.backends import AgentEndpoint, Backend, BackendConfig, SandboxSpec, backend_config
 from orchard.env.backends.base import check_sandbox_id, owner_alive, process_owner
-from orchard.env.transport import AsyncUnixSocketTransport, UnixSocketTransport
-from orchard.errors import Conflict, NotFound, SandboxError, SandboxNotReady
+from orchard.env.calls import Call
+from orchard.env.transport import AgentChannel, AsyncAgentChannel
+from orchard.errors import AgentError, Conflict, NotFound, SandboxError, SandboxNotReady
 
 Status = Literal["pending", "ready", "failed", "deleted"]
 
@@ -309,29 +309,26 @@ class SandboxManager:
                 db.add(record)
 
 
-def agent_http(endpoint: AgentEndpoint, *, timeout: float | None = None) -> httpx.Client:
-    """A pooled keep-alive HTTP client straight to one agent (Unix socket or URL)."""
-    transport = UnixSocketTransport(endpoint.uds) if endpoint.uds else httpx.HTTPTransport()
-    return httpx.Client(transport=transport, **_agent_options(endpoint, timeout))
+def agent_http(endpoint: AgentEndpoint, *, timeout: float | None = None) -> AgentChannel:
+    """A pooled keep-alive channel straight to one agent (Unix socket or address)."""
+    return AgentChannel(endpoint, timeout=timeout)
 
 
-def async_agent_http(endpoint: AgentEndpoint, *, timeout: float | None = None) -> httpx.AsyncClient:
+def async_agent_http(endpoint: AgentEndpoint, *, timeout: float | None = None) -> AsyncAgentChannel:
     """The async twin of `agent_http`."""
-    transport = AsyncUnixSocketTransport(endpoint.uds) if endpoint.uds else httpx.AsyncHTTPTransport()
-    return httpx.AsyncClient(transport=transport, **_agent_options(endpoint, timeout))
+    return AsyncAgentChannel(endpoint, timeout=timeout)
 
 
-def _agent_options(endpoint: AgentEndpoint, timeout: float | None) -> dict:
-    return {"base_url": endpoint.url, "headers": {"Authorization": f"Bearer {endpoint.token}"}, "timeout": timeout}
-
-
-def _answers(http: httpx.Client, endpoint: AgentEndpoint) -> bool:
+def _answers(channel: AgentChannel, endpoint: AgentEndpoint) -> bool:
     if endpoint.uds and not os.path.exists(endpoint.uds):  # the agent renames it into place ready
         return False
     try:
-        return http.get("/health").status_code == 200
-    except httpx.TransportError:
+        return channel.request(HEALTH).status_code == 200
+    except AgentError:
         return False
+
+
+HEALTH = Call("GET", "/health", lambda answer: answer)
 
 
 class _ExecRecorder:

@@ -34,7 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-import httpx
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -46,6 +45,7 @@ from orchard.config import settings
 from orchard.env.backends.base import SANDBOX_ID, SandboxSpec, check_sandbox_id, parse_memory
 from orchard.env.calls import AgentCalls, ExecResult, asend
 from orchard.env.manager import SandboxInfo, SandboxManager, async_agent_http, new_sandbox_id
+from orchard.env.transport import AsyncAgentChannel
 from orchard.errors import (
     AgentError,
     AuthError,
@@ -189,7 +189,7 @@ class Service:
         self.max_upload_bytes = max_upload_bytes
         self.heartbeat_silence = heartbeat_silence
         self.housekeep_interval = housekeep_interval
-        self.agents: dict[str, httpx.AsyncClient] = {}
+        self.agents: dict[str, AsyncAgentChannel] = {}
         self.ready: dict[str, asyncio.Event] = {}
         self.heartbeats: dict[str, float] = {}
         self.jobs: dict[str, Job] = {}
@@ -298,7 +298,7 @@ class Service:
         if agent is not None:
             await agent.aclose()
 
-    async def agent(self, sandbox_id: str, wait: float = 0.0) -> httpx.AsyncClient:
+    async def agent(self, sandbox_id: str, wait: float = 0.0) -> AsyncAgentChannel:
         """The connection to a sandbox's agent, waiting up to `wait` s for a pending sandbox."""
         agent = self.agents.get(sandbox_id)
         if agent is None:
@@ -318,7 +318,7 @@ class Service:
         self.spawn(self._run(job, agent, body))
         return job
 
-    async def _run(self, job: Job, agent: httpx.AsyncClient, body: ExecBody) -> None:
+    async def _run(self, job: Job, agent: AsyncAgentChannel, body: ExecBody) -> None:
         job.status, job.started_at = "running", time.time()
         try:
             call = AgentCalls().exec(

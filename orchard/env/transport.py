@@ -1,21 +1,73 @@
-"""A lean httpx transport for talking to an agent over its Unix socket.
+"""Channels: how a `Call` (see `calls.py`) reaches an agent or a service and comes back.
 
-The direct route is the hot path of every agent step, and the agent answers a short command in
-about a millisecond: httpcore's per-request machinery (connection-pool state, h11 events) would
-be a large part of that. This transport keeps plain `http.client` keep-alive connections to the
-socket instead; httpx still builds requests and responses, so everything above it is unchanged.
+The direct route to an agent is the hot path of every agent step, and the agent answers a short
+command in about a millisecond; a general HTTP client's per-request machinery (URL parsing,
+cookies, redirects, connection-pool state) would cost a large share of that again. So agents are
+reached through `AgentChannel` / `AsyncAgentChannel`: plain HTTP/1.1 keep-alive connections over
+the agent's Unix socket (or its TCP address), speaking exactly what the agent speaks (answers
+framed by Content-Length). Services, which may sit behind TLS, proxies or redirects, are reached
+through httpx (`HttpxChannel` / `AsyncHttpxChannel`).
 
-Requests are never retried: a POST /exec that may have reached the agent must not run twice.
+Every channel answers `request(call)` with an object that has `status_code`, `headers`,
+`content`, `text`, `reason_phrase` and `json()`. Requests are never retried: a POST /exec that
+may have reached the agent must not run twice. Transport failures raise `AgentError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http
 import http.client
+import json
 import socket
 import threading
+import urllib.parse
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+from orchard.errors import AgentError
+
+if TYPE_CHECKING:
+    from orchard.env.backends.base import AgentEndpoint
+    from orchard.env.calls import Call
+
+
+class Answer:
+    """An HTTP answer from an agent."""
+
+    __slots__ = ("content", "headers", "status_code")
+
+    def __init__(self, status_code: int, headers: dict[str, str], content: bytes):
+        self.status_code, self.headers, self.content = status_code, headers, content
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    @property
+    def reason_phrase(self) -> str:
+        with contextlib.suppress(ValueError):
+            return http.HTTPStatus(self.status_code).phrase
+        return ""
+
+
+def _target(call: Call) -> str:
+    if not call.params:
+        return call.path
+    return f"{call.path}?{urllib.parse.urlencode(call.params)}"
+
+
+def _body(call: Call) -> tuple[bytes, str | None]:
+    if call.json is not None:
+        return json.dumps(call.json).encode(), "application/json"
+    if call.content is not None:
+        return call.content, "application/octet-stream"
+    return b"", None
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -30,40 +82,37 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-class UnixSocketTransport(httpx.BaseTransport):
-    """HTTP/1.1 keep-alive over a Unix socket, one pooled connection per concurrent request."""
+class AgentChannel:
+    """Keep-alive HTTP/1.1 to one agent; one pooled connection per concurrent request. Thread-safe."""
 
-    def __init__(self, path: str):
-        self.path = path
-        self._idle: list[_UnixConnection] = []
+    def __init__(self, endpoint: AgentEndpoint, *, timeout: float | None = None):
+        self.endpoint, self.timeout = endpoint, timeout
+        url = urllib.parse.urlsplit(endpoint.url)
+        self._host, self._port = url.hostname or "agent", url.port or 80
+        self._auth = f"Bearer {endpoint.token}"
+        self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
         self._closed = False
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        connection = self._checkout(_read_timeout(request))
+    def request(self, call: Call) -> Answer:
+        timeout = self.timeout if call.timeout is None else call.timeout
+        connection = self._checkout(timeout)
+        body, content_type = _body(call)
+        headers = {"Authorization": self._auth, "Content-Length": str(len(body))}
+        if content_type:
+            headers["Content-Type"] = content_type
         try:
-            connection.request(
-                request.method,
-                request.url.raw_path.decode("ascii"),
-                body=request.read(),
-                headers=dict(request.headers),
-            )
+            connection.request(call.method, _target(call), body=body, headers=headers)
             answer = connection.getresponse()
             content = answer.read()
-        except TimeoutError as exc:
-            connection.close()
-            raise httpx.ReadTimeout(f"the agent did not answer in time ({exc})", request=request) from exc
         except (OSError, http.client.HTTPException) as exc:
             connection.close()
-            kind = (
-                httpx.ConnectError if isinstance(exc, FileNotFoundError | ConnectionRefusedError) else httpx.ReadError
-            )
-            raise kind(f"{type(exc).__name__}: {exc}", request=request) from exc
+            raise AgentError(f"no answer from the sandbox's agent: {type(exc).__name__} {exc}".rstrip()) from exc
         if answer.will_close:
             connection.close()
         else:
             self._checkin(connection)
-        return httpx.Response(answer.status, headers=answer.getheaders(), content=content, request=request)
+        return Answer(answer.status, {k.lower(): v for k, v in answer.getheaders()}, content)
 
     def close(self) -> None:
         with self._lock:
@@ -72,17 +121,25 @@ class UnixSocketTransport(httpx.BaseTransport):
         for connection in idle:
             connection.close()
 
-    def _checkout(self, timeout: float | None) -> _UnixConnection:
+    def __enter__(self) -> AgentChannel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _checkout(self, timeout: float | None) -> http.client.HTTPConnection:
         with self._lock:
             connection = self._idle.pop() if self._idle else None
         if connection is None:
-            return _UnixConnection(self.path, timeout)
+            if self.endpoint.uds:
+                return _UnixConnection(self.endpoint.uds, timeout)
+            return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
         connection.timeout = timeout
         if connection.sock is not None:
             connection.sock.settimeout(timeout)
         return connection
 
-    def _checkin(self, connection: _UnixConnection) -> None:
+    def _checkin(self, connection: http.client.HTTPConnection) -> None:
         with self._lock:
             if not self._closed:
                 self._idle.append(connection)
@@ -90,41 +147,49 @@ class UnixSocketTransport(httpx.BaseTransport):
         connection.close()
 
 
-class AsyncUnixSocketTransport(httpx.AsyncBaseTransport):
-    """The asyncio twin: keep-alive asyncio stream connections to a Unix socket.
+class AsyncAgentChannel:
+    """The asyncio twin of `AgentChannel` (one event loop)."""
 
-    Only what the agent sends is understood: HTTP/1.1 answers framed by Content-Length.
-    """
-
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, endpoint: AgentEndpoint, *, timeout: float | None = None):
+        self.endpoint, self.timeout = endpoint, timeout
+        url = urllib.parse.urlsplit(endpoint.url)
+        self._host, self._port = url.hostname or "agent", url.port or 80
+        self._auth = f"Bearer {endpoint.token}"
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = await request.aread()
-        head = [f"{request.method} {request.url.raw_path.decode('ascii')} HTTP/1.1"]
-        head += [f"{name}: {value}" for name, value in request.headers.items()]
+    async def request(self, call: Call) -> Answer:
+        body, content_type = _body(call)
+        head = [
+            f"{call.method} {_target(call)} HTTP/1.1",
+            "Host: agent",
+            f"Authorization: {self._auth}",
+            f"Content-Length: {len(body)}",
+        ]
+        if content_type:
+            head.append(f"Content-Type: {content_type}")
         message = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        timeout = self.timeout if call.timeout is None else call.timeout
         try:
-            reader, writer = self._idle.pop() if self._idle else await asyncio.open_unix_connection(self.path)
-        except OSError as exc:
-            raise httpx.ConnectError(f"{type(exc).__name__}: {exc}", request=request) from exc
-        try:
-            writer.write(message)
-            answer = _read_answer(reader)
-            timeout = _read_timeout(request)
-            status, headers, content = await (answer if timeout is None else asyncio.wait_for(answer, timeout))
-        except TimeoutError as exc:
-            writer.close()
-            raise httpx.ReadTimeout("the agent did not answer in time", request=request) from exc
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            writer.close()
-            raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
-        if any(name.lower() == "connection" and value.lower() == "close" for name, value in headers):
+            async with asyncio.timeout(timeout):
+                reader, writer = self._idle.pop() if self._idle else await self._connect()
+                try:
+                    writer.write(message)
+                    status, headers, content = await _read_answer(reader)
+                except BaseException:
+                    writer.close()
+                    raise
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            raise AgentError(f"no answer from the sandbox's agent: {type(exc).__name__} {exc}".rstrip()) from exc
+        if headers.get("connection", "").lower() == "close":
             writer.close()
         else:
             self._idle.append((reader, writer))
-        return httpx.Response(status, headers=headers, content=content, request=request)
+        return Answer(status, headers, content)
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.endpoint.uds:
+            return await asyncio.open_unix_connection(self.endpoint.uds)
+        return await asyncio.open_connection(self._host, self._port)
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []
@@ -132,18 +197,50 @@ class AsyncUnixSocketTransport(httpx.AsyncBaseTransport):
             writer.close()
 
 
-async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, list[tuple[str, str]], bytes]:
-    status = int((await reader.readline()).split()[1])
-    headers = []
-    length = 0
+async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    status_line = await reader.readline()
+    if not status_line:
+        raise ConnectionResetError("the agent closed the connection")
+    status = int(status_line.split()[1])
+    headers = {}
     while (line := await reader.readline()) not in (b"\r\n", b""):
         name, _, value = line.decode("latin-1").partition(":")
-        headers.append((name.strip(), value.strip()))
-        if name.strip().lower() == "content-length":
-            length = int(value)
-    return status, headers, await reader.readexactly(length)
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, await reader.readexactly(int(headers.get("content-length", 0)))
 
 
-def _read_timeout(request: httpx.Request) -> float | None:
-    timeouts = request.extensions.get("timeout") or {}
-    return timeouts.get("read")
+class HttpxChannel:
+    """Calls to a service through an httpx client (TLS, proxies and redirects as httpx does them)."""
+
+    def __init__(self, client: httpx.Client):
+        self.client = client
+
+    def request(self, call: Call) -> httpx.Response:
+        try:
+            return self.client.request(call.method, call.path, **_httpx_options(call))
+        except httpx.TransportError as exc:
+            raise AgentError(f"no answer from {self.client.base_url}: {type(exc).__name__} {exc}".rstrip()) from exc
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class AsyncHttpxChannel:
+    """The async twin of `HttpxChannel`."""
+
+    def __init__(self, client: httpx.AsyncClient):
+        self.client = client
+
+    async def request(self, call: Call) -> httpx.Response:
+        try:
+            return await self.client.request(call.method, call.path, **_httpx_options(call))
+        except httpx.TransportError as exc:
+            raise AgentError(f"no answer from {self.client.base_url}: {type(exc).__name__} {exc}".rstrip()) from exc
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _httpx_options(call: Call) -> dict[str, Any]:
+    timeout = httpx.USE_CLIENT_DEFAULT if call.timeout is None else call.timeout
+    return {"params": call.params, "json": call.json, "content": call.content, "timeout": timeout}
