@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from pydantic import BaseModel
+from sqlmodel import col, select
 
 from orchard import store
 from orchard.config import settings
@@ -30,6 +31,7 @@ from orchard.env.transport import AgentChannel, AsyncAgentChannel
 from orchard.errors import AgentError, Conflict, NotFound, SandboxError, SandboxNotReady
 
 Status = Literal["pending", "ready", "failed", "deleted"]
+LIVE = ("pending", "ready")
 
 log = logging.getLogger("orchard.env")
 
@@ -79,6 +81,8 @@ class SandboxManager:
         self._recorder = _ExecRecorder(self.db_url)
         self.reaped_at_start = self.reap()
         """Ids of the expired and orphaned sandboxes removed when this manager started."""
+        self.recovered_at_start = self.recover()
+        """How many store rows left behind by dead owners (a crash) were closed at start."""
         if reap_interval:
             threading.Thread(
                 target=self._reap_forever, args=(reap_interval,), daemon=True, name="orchard-reaper"
@@ -231,6 +235,33 @@ class SandboxManager:
                 reaped.append(found.sandbox_id)
         return reaped
 
+    def recover(self) -> int:
+        """Close what dead owners left open in the store: their live sandboxes and running jobs.
+
+        A process killed outright (SIGKILL, a crash, a lost machine) cannot say how its
+        commands ended; they are marked failed with that reason, never left `running`.
+        """
+        closed = 0
+        now = time.time()
+        with store.session(self.db_url) as db:
+            open_boxes = db.exec(select(store.SandboxRecord).where(col(store.SandboxRecord.status).in_(LIVE))).all()
+            dead = {box.id for box in open_boxes if not owner_alive(box.owner)}
+            for box in open_boxes:
+                if box.id in dead:
+                    box.status, box.deleted_at = "deleted", now
+                    box.status_message = f"its owner {box.owner} stopped without deleting it (reaped)"
+                    db.add(box)
+                    closed += 1
+            running = select(store.ExecRecord).where(col(store.ExecRecord.status).in_(("queued", "running")))
+            for job in db.exec(running).all():
+                owner_gone = job.sandbox_id in dead or job.sandbox_id not in {b.id for b in open_boxes}
+                if owner_gone:
+                    job.status, job.completed_at = "failed", now
+                    job.error = "the process running this command stopped (killed or crashed); its outcome is unknown"
+                    db.add(job)
+                    closed += 1
+        return closed
+
     def _reap_forever(self, interval: float) -> None:
         while not self._closed.wait(interval):
             try:
@@ -247,6 +278,25 @@ class SandboxManager:
     def flush(self) -> None:
         """Wait until every recorded command is in the store."""
         self._recorder.flush()
+
+    def record_started(self, job_id: str, sandbox_id: str, command: str, started_at: float) -> None:
+        """Write a `running` row now (not batched): a crash before the command ends must not lose it."""
+        with store.session(self.db_url) as db:
+            db.merge(
+                store.ExecRecord(
+                    id=job_id,
+                    sandbox_id=sandbox_id,
+                    command=command,
+                    status="running",
+                    created_at=started_at,
+                    started_at=started_at,
+                )
+            )
+
+    def recorded_job(self, job_id: str) -> store.ExecRecord | None:
+        """A job as the store has it (for jobs of an earlier run of the service)."""
+        with store.session(self.db_url) as db:
+            return db.get(store.ExecRecord, job_id)
 
     def _update(self, sandbox_id: str, **changes) -> SandboxInfo:
         with self._lock:
@@ -361,7 +411,8 @@ class _ExecRecorder:
             try:
                 if rows:
                     with store.session(self.db_url) as db:
-                        db.add_all(_exec_record(*row) for row in rows)
+                        for row in rows:  # merge: a job may have been recorded as running already
+                            db.merge(_exec_record(*row))
             except Exception:  # a store outage must not stop recording for good
                 log.exception("could not record %d command(s) in the store", len(rows))
             for item in batch:

@@ -314,6 +314,8 @@ class Service:
         agent = await self.agent(sandbox_id, wait=body.timeout_seconds)
         command = body.command if isinstance(body.command, str) else shlex.join(body.command)
         job = Job(job_id=secrets.token_hex(8), sandbox_id=sandbox_id, command=command)
+        if not body.wait:  # the caller only gets a job id: it must survive a crash of the service
+            await run_in_threadpool(self.manager.record_started, job.job_id, sandbox_id, command, job.created_at)
         self.jobs[job.job_id] = job
         self.spawn(self._run(job, agent, body))
         return job
@@ -341,12 +343,25 @@ class Service:
         job.done.set()
 
     async def wait_job(self, job_id: str, timeout: float) -> Job:
-        job = self.jobs.get(job_id)
+        job = self.jobs.get(job_id) or await run_in_threadpool(self._job_from_store, job_id)
         if job is None:
             raise NotFound(f"no job {job_id!r} (finished jobs are kept {JOB_KEEP_SECONDS:.0f} s)")
         if not job.done.is_set() and timeout > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(job.done.wait(), timeout)
+        return job
+
+    def _job_from_store(self, job_id: str) -> Job | None:
+        """A job of an earlier run of the service (its output is not kept, only its outcome)."""
+        record = self.manager.recorded_job(job_id)
+        if record is None or record.status in ("queued", "running"):
+            return None
+        job = Job(job_id=record.id, sandbox_id=record.sandbox_id, command=record.command, status=record.status)
+        job.error, job.created_at = record.error, record.created_at
+        job.started_at, job.completed_at = record.started_at, record.completed_at
+        if record.exit_code is not None:
+            job.result = ExecResult(exit_code=record.exit_code, stdout="", stderr="")
+        job.done.set()
         return job
 
     # housekeeping

@@ -337,6 +337,29 @@ class ProcessResult:
         return value
 
 
+OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+
+
+def oom_kills() -> int | None:
+    """How many processes the out-of-memory killer has killed in this sandbox's cgroup so far."""
+    for path in OOM_COUNTERS:
+        try:
+            with open(path, "rb") as f:
+                for line in f:
+                    if line.startswith(b"oom_kill "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def note_oom(result: ProcessResult, before: int | None) -> None:
+    """Say so when the command (or part of it) was killed for memory, not by some other SIGKILL."""
+    after = oom_kills()
+    if before is not None and after is not None and after > before and result.error is None:
+        result.error = "killed by the out-of-memory killer: the sandbox's memory limit was reached"
+
+
 def run_process(
     argv: list[str],
     *,
@@ -1018,6 +1041,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         except FileNotFoundError as exc:
             self.send_exec(ProcessResult(Capture(0), Capture(0), error=str(exc)))
             return
+        ooms = oom_kills()
         result = run_process(
             argv,
             cwd=self.resolve_cwd(cwd),
@@ -1026,6 +1050,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             timeout=timeout,
             max_output=max_output,
         )
+        note_oom(result, ooms)
         self.send_exec(result, timeout)
 
     def route_shell(self) -> None:
@@ -1040,7 +1065,9 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         except FileNotFoundError as exc:
             self.send_exec(ProcessResult(Capture(0), Capture(0), error=str(exc)))
             return
+        ooms = oom_kills()
         result = session.run(command, timeout, max_output)
+        note_oom(result, ooms)
         if result.timed_out or not session.alive():
             self.server.agent.close_session(name)
         self.send_exec(result, timeout, session=name)
