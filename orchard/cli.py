@@ -85,9 +85,15 @@ def up(
     ] = None,
     backend: Annotated[str, typer.Option(help="Where sandboxes run.")] = "docker",
     foreground: Annotated[bool, typer.Option("--foreground", help="Run in this terminal until Ctrl-C.")] = False,
+    pool: Annotated[
+        list[str] | None, typer.Option(help="Keep sandboxes of IMAGE started: IMAGE=SIZE (repeatable).")
+    ] = None,
 ) -> None:
     """Start the environment service (Orchard Env API) on the local Docker engine."""
-    from orchard.env.service import load_or_create_key, serve
+    from orchard.env.service import load_or_create_key, parse_pool, serve
+
+    for each in pool or []:
+        parse_pool(each)  # a mistake is one line here, not a service that fails to start
 
     running = _running_service()
     if running:
@@ -95,12 +101,12 @@ def up(
         return
     key = api_key or load_or_create_key()
     if foreground:
-        serve(host, port, backend=backend, api_key=key)
+        serve(host, port, backend=backend, api_key=key, pools=pool)
         return
-    _start_in_background(host, port, backend, key)
+    _start_in_background(host, port, backend, key, pool or [])
 
 
-def _start_in_background(host: str, port: int, backend: str, key: str) -> None:
+def _start_in_background(host: str, port: int, backend: str, key: str, pools: list[str]) -> None:
     home = settings().home
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / "service.log"

@@ -117,3 +117,11 @@ def test_up_status_down_leave_nothing_behind(orchard_home, docker_client, base_i
     assert not (orchard_home / "service.json").exists()
     time.sleep(0.1)
     assert "not running" in runner.invoke(app, ["status"], env=env).stdout
+
+
+def test_a_malformed_pool_is_one_line(orchard_home):
+    result = runner.invoke(app, ["up", "--pool", "orchard/base:bookworm"])
+    assert result.exit_code == 1
+    assert (
+        result.stderr == "error: a pool is IMAGE=SIZE, such as orchard/base:bookworm=4; not 'orchard/base:bookworm'\n"
+    )

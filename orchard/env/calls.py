@@ -399,6 +399,10 @@ class ServiceSandboxes:
     def list() -> Call:
         return Call("GET", "/sandboxes", lambda r: r.json()["sandboxes"])
 
+    @staticmethod
+    def warm(body: dict[str, Any]) -> Call:
+        return Call("POST", "/pools", lambda r: r.json(), json=body)
+
 
 def _path(path: str) -> str:
     if not isinstance(path, str) or not path.strip():

@@ -220,7 +220,10 @@ class Client:
             raise ConfigError("keep=True needs an `orchard up` service; embedded sandboxes end with their process")
         spec = make_spec(image, network=network, cpu=cpu, memory=memory, ttl=ttl, env=env, run_id=run_id)
         if self._manager is not None:
-            info = self._manager.create(spec, sandbox_id=sandbox_id, timeout=timeout)
+            if sandbox_id is None:
+                info = self._manager.acquire(spec, timeout=timeout)
+            else:
+                info = self._manager.create(spec, sandbox_id=sandbox_id, timeout=timeout)
             box = self._direct(info)
         else:
             sandbox_id = send(self._http, ServiceSandboxes.create(service_body(spec, sandbox_id)))
@@ -234,6 +237,25 @@ class Client:
             with self._lock:
                 self._mine[box.id] = box
         return box
+
+    def warm(
+        self,
+        image: str,
+        size: int,
+        *,
+        network: Network = "blocked",
+        cpu: float | None = None,
+        memory: str | int | None = None,
+        ttl: float = 7200.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """Keep `size` sandboxes of this kind started; `create` with the same arguments takes one at once."""
+        self._check_open()
+        spec = make_spec(image, network=network, cpu=cpu, memory=memory, ttl=ttl, env=env)
+        if self._manager is not None:
+            self._manager.pools.warm(spec, size)
+        else:
+            send(self._http, ServiceSandboxes.warm({**service_body(spec, None), "size": size}))
 
     def attach(self, sandbox_id: str) -> Sandbox:
         """A handle on an existing sandbox (of the service, or of this embedded client)."""
@@ -445,7 +467,10 @@ class AsyncClient:
         spec = make_spec(image, network=network, cpu=cpu, memory=memory, ttl=ttl, env=env, run_id=run_id)
         if self._manager is not None:
             manager = self._manager
-            info = await asyncio.to_thread(manager.create, spec, sandbox_id=sandbox_id, timeout=timeout)
+            if sandbox_id is None:
+                info = await asyncio.to_thread(manager.acquire, spec, timeout=timeout)
+            else:
+                info = await asyncio.to_thread(manager.create, spec, sandbox_id=sandbox_id, timeout=timeout)
             assert info.endpoint is not None
             box = AsyncSandbox(
                 info.sandbox_id,

@@ -27,6 +27,7 @@ from orchard.config import settings
 from orchard.env.backends import AgentEndpoint, Backend, BackendConfig, SandboxSpec, backend_config
 from orchard.env.backends.base import check_sandbox_id, owner_alive, process_owner
 from orchard.env.calls import Call
+from orchard.env.pool import WarmPools
 from orchard.env.transport import AgentChannel, AsyncAgentChannel
 from orchard.errors import AgentError, Conflict, NotFound, SandboxError, SandboxNotReady
 
@@ -81,6 +82,8 @@ class SandboxManager:
         self._recorder = _ExecRecorder(self.db_url)
         self.reaped_at_start = self.reap()
         """Ids of the expired and orphaned sandboxes removed when this manager started."""
+        self.pools = WarmPools(self)
+        """Warm pools of ready sandboxes (none until `pools.warm` is called)."""
         self.recovered_at_start = self.recover()
         """How many store rows left behind by dead owners (a crash) were closed at start."""
         if reap_interval:
@@ -93,6 +96,14 @@ class SandboxManager:
     def create(self, spec: SandboxSpec, *, sandbox_id: str | None = None, timeout: float = 120.0) -> SandboxInfo:
         """Start a sandbox and wait until its agent answers; on failure nothing is left behind."""
         info = self.start(spec, sandbox_id=sandbox_id)
+        return self.wait_ready(info.sandbox_id, timeout=timeout)
+
+    def acquire(self, spec: SandboxSpec, *, timeout: float = 120.0) -> SandboxInfo:
+        """A ready sandbox of `spec`: from its warm pool if one waits there, else a new one."""
+        pooled = self.pools.acquire(spec)
+        if pooled is not None:
+            return self._update(pooled.sandbox_id, spec=replace(pooled.spec, run_id=spec.run_id))
+        info = self.start(spec)
         return self.wait_ready(info.sandbox_id, timeout=timeout)
 
     def start(self, spec: SandboxSpec, *, sandbox_id: str | None = None) -> SandboxInfo:
@@ -199,6 +210,7 @@ class SandboxManager:
         if self._closed.is_set():
             return
         self._closed.set()
+        self.pools.close()
         failures = []
         for info in self.list():
             try:

@@ -98,6 +98,10 @@ class CreateSandbox(BaseModel):
         return memory
 
 
+class PoolBody(CreateSandbox):
+    size: int = Field(ge=0, le=256, description="How many sandboxes of this kind to keep started.")
+
+
 class ExecBody(BaseModel):
     command: StrictStr | list[StrictStr] = Field(min_length=1)
     timeout_seconds: float = Field(default=300, gt=0, allow_inf_nan=False)
@@ -209,19 +213,13 @@ class Service:
     # sandboxes
 
     async def create(self, body: CreateSandbox) -> dict[str, Any]:
-        cores, memory = (
-            min(float(body.cpu), float(os.cpu_count() or 1)),
-            min(parse_memory(body.memory) or 0, host_memory()),
-        )
-        spec = SandboxSpec(
-            image=body.image,
-            network="blocked" if body.block_network else "open",
-            cpu=cores,
-            memory_bytes=memory,
-            ttl=float(body.ttl),
-            env=dict(body.env or {}),
-            run_id=body.run_id,
-        )
+        spec = spec_of(body)
+        if body.sandbox_id is None:
+            pooled = self.manager.pools.acquire(spec)  # a local hand-over: no thread needed
+            if pooled is not None:
+                assert pooled.endpoint is not None
+                self.agents[pooled.sandbox_id] = async_agent_http(pooled.endpoint)
+                return {**self.describe(pooled), "timeout": body.timeout}
         sandbox_id = body.sandbox_id or new_sandbox_id()
         try:
             info = await run_in_threadpool(self.manager.start, spec, sandbox_id=sandbox_id)
@@ -392,6 +390,19 @@ class Service:
                 hook()
 
 
+def spec_of(body: CreateSandbox) -> SandboxSpec:
+    """The spec a create body asks for; requests above what this host has are clamped."""
+    return SandboxSpec(
+        image=body.image,
+        network="blocked" if body.block_network else "open",
+        cpu=min(float(body.cpu), float(os.cpu_count() or 1)),
+        memory_bytes=min(parse_memory(body.memory) or 0, host_memory()),
+        ttl=float(body.ttl),
+        env=dict(body.env or {}),
+        run_id=body.run_id,
+    )
+
+
 def host_memory() -> int:
     """Total memory of this host in bytes."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -464,6 +475,21 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/sandboxes", dependencies=keyed)
     async def create(body: CreateSandbox) -> dict:
         return await service.create(body)
+
+    @app.post("/pools", dependencies=keyed)
+    async def warm(body: PoolBody) -> dict:
+        """Extension: keep `size` sandboxes of this kind ready; creates with the same fields take one."""
+        await run_in_threadpool(service.manager.pools.warm, spec_of(body), body.size)
+        return {"status": "ok", "image": body.image, "size": body.size}
+
+    @app.get("/pools", dependencies=keyed)
+    def pools() -> dict:
+        sizes = service.manager.pools.sizes()
+        return {
+            "pools": [
+                {"image": s.image, "block_network": s.network == "blocked", "size": n, "ready": r} for s, n, r in sizes
+            ]
+        }
 
     @app.get("/sandboxes", dependencies=keyed)
     def list_sandboxes() -> dict:
@@ -649,12 +675,19 @@ def serve(
     *,
     backend: str = "docker",
     api_key: str | None = None,
+    pools: list[str] | None = None,
 ) -> None:
-    """Run the service in this process until SIGINT/SIGTERM; then delete every sandbox it owns."""
+    """Run the service in this process until SIGINT/SIGTERM; then delete every sandbox it owns.
+
+    `pools` are `IMAGE=SIZE` warm pools (blocked network, the API's default limits).
+    """
     import uvicorn
 
     key = api_key or load_or_create_key()
+    wanted = [parse_pool(p) for p in pools or []]
     manager = SandboxManager(backend, owner=None)
+    for image, size in wanted:
+        manager.pools.warm(spec_of(CreateSandbox(image=image)), size)
     service = Service(manager, key)
     config = uvicorn.Config(
         create_app(service),
@@ -673,6 +706,14 @@ def serve(
         _remove_state()
 
 
+def parse_pool(text: str) -> tuple[str, int]:
+    """`IMAGE=SIZE` into its parts, with a clear error."""
+    image, _, size = text.rpartition("=")
+    if not image or not size.isdigit():
+        raise ConfigError(f"a pool is IMAGE=SIZE, such as orchard/base:bookworm=4; not {text!r}")
+    return image, int(size)
+
+
 def _remove_state() -> None:
     """Remove the state file if it is this process's."""
     with contextlib.suppress(OSError, ValueError):
@@ -686,8 +727,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--backend", default="docker")
+    parser.add_argument("--pool", action="append", default=[], metavar="IMAGE=SIZE")
     args = parser.parse_args(argv)
-    serve(args.host, args.port, backend=args.backend)
+    serve(args.host, args.port, backend=args.backend, pools=args.pool)
 
 
 if __name__ == "__main__":

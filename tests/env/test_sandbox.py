@@ -365,3 +365,30 @@ def test_a_session_restarts_after_a_timeout_or_an_exit(box):
     assert box.close_session("r") is True and box.close_session("r") is False
     with pytest.raises(InvalidRequest, match="cwd"):
         box.exec("true", session="r", cwd="/tmp")
+
+
+def _wait_for_pool(manager, ready: int) -> None:
+    for _ in range(600):
+        if [r for _spec, _size, r in manager.pools.sizes()] == [ready]:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the pool never had {ready} ready: {manager.pools.sizes()}")
+
+
+def test_warm_pool_hands_over_ready_sandboxes_and_refills(base_image, tmp_path, docker_client):
+    from orchard.env import Client
+
+    with Client(db_url=f"sqlite:///{tmp_path}/o.db") as client:
+        manager = client._manager
+        client.warm(base_image, 2)
+        _wait_for_pool(manager, 2)
+        pooled = {info.sandbox_id for info in manager.list()}
+        box = client.create(base_image)  # the same kind: taken from the pool
+        assert box.id in pooled and box.exec("echo warm").stdout == "warm\n"
+        other = client.create(base_image, network="open")  # another kind: started anew
+        assert other.id not in pooled
+        _wait_for_pool(manager, 2)  # refilled in the background
+        assert len(manager.list()) == 4
+        ids = [info.sandbox_id for info in manager.list()]
+    for sandbox_id in ids:  # pooled ones are deleted with the client too
+        assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{sandbox_id}"})

@@ -230,3 +230,18 @@ async def test_async_sdk_through_the_service(service, base_image):
         await box.write_file("x.txt", "y")
         assert await box.read_file("x.txt") == b"y"
         await box.delete()
+
+
+def test_warm_pool_through_the_service(http, base_image):
+    assert http.post("/pools", json={"image": base_image, "size": 1, "memory": "1Gi"}).json()["size"] == 1
+    for _ in range(600):
+        pools = http.get("/pools").json()["pools"]
+        if pools and pools[0]["ready"] == 1:
+            break
+        time.sleep(0.05)
+    created = http.post("/sandboxes", json={"image": base_image, "memory": "1Gi"}).json()
+    assert created["status"] == "ready" and created["ready"] is True  # handed over, not started
+    run = http.post(f"/sandboxes/{created['sandbox_id']}/exec", json={"command": "echo pooled", "wait": True})
+    assert run.json()["stdout"] == "pooled\n"
+    assert http.post("/pools", json={"image": base_image, "size": 0, "memory": "1Gi"}).status_code == 200
+    http.delete(f"/sandboxes/{created['sandbox_id']}")

@@ -1,0 +1,131 @@
+"""Warm pools: K started sandboxes kept ready per spec, so acquiring one is a local hand-over.
+
+RL rollouts and evaluations start many short-lived sandboxes of a few images. Starting one takes
+hundreds of milliseconds (most of it the engine's); taking one from a pool takes a dictionary
+pop. A background thread refills each pool to its size, a few creations at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from orchard.env.backends.base import SandboxSpec
+from orchard.errors import InvalidRequest, OrchardError
+
+if TYPE_CHECKING:
+    from orchard.env.manager import SandboxInfo, SandboxManager
+
+log = logging.getLogger("orchard.env.pool")
+
+MAX_POOL_SIZE = 256
+REFILL_CONCURRENCY = 4
+"""Creations a refill runs at once (the engine serialises much of the work anyway)."""
+
+
+PoolKey = tuple
+
+
+def pool_key(spec: SandboxSpec) -> PoolKey:
+    """Specs that differ only in who asks for them (owner, run) share a pool."""
+    return (
+        spec.image,
+        spec.network,
+        spec.cpu,
+        spec.memory_bytes,
+        spec.pids,
+        spec.ttl,
+        spec.workdir,
+        tuple(sorted(spec.env.items())),
+    )
+
+
+class WarmPools:
+    """The warm pools of one manager. Thread-safe."""
+
+    def __init__(self, manager: SandboxManager):
+        self.manager = manager
+        self._specs: dict[PoolKey, SandboxSpec] = {}
+        self._sizes: dict[PoolKey, int] = {}
+        self._ready: dict[PoolKey, deque[str]] = {}
+        self._starting: dict[PoolKey, int] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._workers = ThreadPoolExecutor(REFILL_CONCURRENCY, thread_name_prefix="orchard-pool")
+        self._thread: threading.Thread | None = None
+
+    def warm(self, spec: SandboxSpec, size: int) -> None:
+        """Keep `size` sandboxes of `spec` ready (0 stops refilling; ready ones stay until used)."""
+        if not 0 <= size <= MAX_POOL_SIZE:
+            raise InvalidRequest(f"a pool size is 0 to {MAX_POOL_SIZE}, not {size}")
+        key = pool_key(spec)
+        with self._lock:
+            self._specs[key] = replace(spec, run_id=None)
+            self._sizes[key] = size
+            self._ready.setdefault(key, deque())
+            self._starting.setdefault(key, 0)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._refill_forever, daemon=True, name="orchard-pools")
+                self._thread.start()
+        self._wake.set()
+
+    def acquire(self, spec: SandboxSpec) -> SandboxInfo | None:
+        """A ready sandbox of `spec` from its pool, or None when the pool is empty or absent."""
+        key = pool_key(spec)
+        while True:
+            with self._lock:
+                ready = self._ready.get(key)
+                if not ready:
+                    return None
+                sandbox_id = ready.popleft()
+            self._wake.set()
+            try:
+                return self.manager.get(sandbox_id)
+            except OrchardError:  # reaped or deleted while it waited: take the next one
+                continue
+
+    def sizes(self) -> list[tuple[SandboxSpec, int, int]]:
+        """Each pool's spec, wanted size and ready count."""
+        with self._lock:
+            return [(self._specs[key], size, len(self._ready[key])) for key, size in self._sizes.items()]
+
+    def close(self) -> None:
+        """Stop refilling (the manager deletes the pooled sandboxes with the rest)."""
+        self._closed.set()
+        self._wake.set()
+        self._workers.shutdown(wait=True, cancel_futures=True)
+
+    def _refill_forever(self) -> None:
+        while not self._closed.is_set():
+            self._wake.wait(timeout=5.0)
+            self._wake.clear()
+            for key, missing in self._deficits():
+                for _ in range(missing):
+                    self._workers.submit(self._add, key)
+
+    def _deficits(self) -> list[tuple[PoolKey, int]]:
+        with self._lock:
+            out = []
+            for key, size in self._sizes.items():
+                missing = size - len(self._ready[key]) - self._starting[key]
+                if missing > 0:
+                    self._starting[key] += missing
+                    out.append((key, missing))
+            return out
+
+    def _add(self, key: PoolKey) -> None:
+        info = None
+        try:
+            if not self._closed.is_set():
+                info = self.manager.create(self._specs[key])
+        except Exception:  # a failed start is in the store; the next wake tries again
+            log.warning("could not start a pooled sandbox of %s", key[0], exc_info=True)
+        with self._lock:
+            self._starting[key] -= 1
+            if info is not None:
+                self._ready[key].append(info.sandbox_id)
