@@ -12,6 +12,8 @@ For each command (`true`, `echo hi`, `ls /`, 1 MB of output) it measures, in the
   bare `http.client` over its own Unix socket, running the command as the agent does
   (`bash -c`), and the same server feeding one persistent bash (the floor of session mode).
 
+Then create-to-first-command from a warm pool of 2 (`Client.warm`) and without one.
+
 It prints p50/p95 per path and command, then the targets as ratios measured in this run: direct
 p50 at least 25x below `docker exec`, at most 1.5x the floor; a session at most 1.5x the
 persistent-bash floor; the service at most 2 ms p50 above direct.
@@ -190,6 +192,28 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     return results
 
 
+def measure_pool(image: str, runs: int) -> dict[str, list[float]]:
+    """Create -> first command answered, from a warm pool and cold, p50 over `runs` each."""
+    warm, cold = [], []
+    with Client() as client:
+        client.warm(image, 2)
+        pools = client._manager.pools
+        for _ in range(runs):
+            while [ready for _spec, _size, ready in pools.sizes()] != [2]:  # refilled: not timed
+                time.sleep(0.02)
+            started = time.perf_counter()
+            box = client.create(image)
+            box.exec("true")
+            warm.append((time.perf_counter() - started) * 1000)
+            box.delete()
+            started = time.perf_counter()
+            box = client.create(image, network="open")  # another kind: no pool
+            box.exec("true")
+            cold.append((time.perf_counter() - started) * 1000)
+            box.delete()
+    return {"warm pool: create + first command": sorted(warm), "no pool: create + first command": sorted(cold)}
+
+
 def report(results: dict[str, dict[str, list[float]]]) -> list[str]:
     """The table and the target lines; returns the failed targets."""
     failed = []
@@ -226,12 +250,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=300, help="measured commands per path and command")
     parser.add_argument("--image", default=BASE_IMAGE)
+    parser.add_argument("--pool-runs", type=int, default=50, help="sandboxes taken from a warm pool")
     parser.add_argument("--json", type=Path, help="also write the raw timings here")
     args = parser.parse_args()
     results = measure(args)
+    pool = measure_pool(args.image, args.pool_runs)
     if args.json:
-        args.json.write_text(json.dumps(results))
+        args.json.write_text(json.dumps({**results, "pool": pool}))
     failed = report(results)
+    print("\nsandbox hand-over")
+    for path, values in pool.items():
+        print(
+            f"  {path:<38} p50 {statistics.median(values):8.1f} ms  p95 {values[int(len(values) * 0.95) - 1]:8.1f} ms"
+        )
+    warm_p50 = statistics.median(pool["warm pool: create + first command"])
+    ok = warm_p50 < 20
+    print(f"  target warm pool p50 under 20 ms{'':<14} {warm_p50:>7.2f} ms  {'ok' if ok else 'MISSED'}")
+    if not ok:
+        failed.append("warm pool hand-over")
     print(f"\n{len(failed)} target(s) missed" + (": " + "; ".join(failed) if failed else ""))
 
 
