@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -73,8 +74,8 @@ def client(docker_client, base_image, busybox_image, tmp_path_factory) -> Iterat
         yield client
 
 
-@pytest.fixture(scope="module")
-def service(docker_client, base_image, busybox_image, tmp_path_factory) -> Iterator[tuple[str, str]]:
+@contextmanager
+def running_service(db: Path, **options) -> Iterator[tuple[str, str]]:
     """A real `orchard up` service (uvicorn on a free loopback port) in a thread: yields (url, key)."""
     import socket
     import threading
@@ -86,20 +87,13 @@ def service(docker_client, base_image, busybox_image, tmp_path_factory) -> Itera
     from orchard.env.manager import SandboxManager
     from orchard.env.service import Service, create_app
 
-    db = tmp_path_factory.mktemp("service-store") / "orchard.db"
     key = "test-key-" + os.urandom(4).hex()
     manager = SandboxManager("docker", db_url=f"sqlite:///{db}")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(Service(manager, key, max_upload_bytes=2**20, heartbeat_silence=1.5, housekeep_interval=0.5)),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-        )
-    )
+    app = create_app(Service(manager, key, **options))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -109,10 +103,26 @@ def service(docker_client, base_image, busybox_image, tmp_path_factory) -> Itera
                 break
         except httpx.HTTPError:
             time.sleep(0.05)
-    yield url, key
-    server.should_exit = True
-    thread.join(timeout=60)
-    manager.close()
+    try:
+        yield url, key
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        manager.close()
+
+
+@pytest.fixture
+def start_service(docker_client, base_image):
+    """`running_service` itself, for a test that needs a service of its own settings."""
+    return running_service
+
+
+@pytest.fixture(scope="module")
+def service(docker_client, base_image, busybox_image, tmp_path_factory) -> Iterator[tuple[str, str]]:
+    """A service shared by a module, with small limits so tests can reach them."""
+    db = tmp_path_factory.mktemp("service-store") / "orchard.db"
+    with running_service(db, max_upload_bytes=2**20, heartbeat_silence=1.5, housekeep_interval=0.5) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

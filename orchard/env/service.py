@@ -187,12 +187,18 @@ class Service:
         max_upload_bytes: int = MAX_UPLOAD_BYTES,
         heartbeat_silence: float = HEARTBEAT_SILENCE_SECONDS,
         housekeep_interval: float = 5.0,
+        max_starting: int = 64,
+        max_running: int = 1024,
     ):
         self.manager = manager
         self.api_key = api_key
         self.max_upload_bytes = max_upload_bytes
         self.heartbeat_silence = heartbeat_silence
         self.housekeep_interval = housekeep_interval
+        self.max_starting, self.max_running = max_starting, max_running
+        """Beyond these many sandboxes starting or commands running, requests get 503 + Retry-After."""
+        self._starting = 0
+        self._running = 0
         self.agents: dict[str, AsyncAgentChannel] = {}
         self.ready: dict[str, asyncio.Event] = {}
         self.heartbeats: dict[str, float] = {}
@@ -220,14 +226,21 @@ class Service:
                 assert pooled.endpoint is not None
                 self.agents[pooled.sandbox_id] = async_agent_http(pooled.endpoint)
                 return {**self.describe(pooled), "timeout": body.timeout}
+        if self._starting >= self.max_starting:  # refuse now rather than pile up: nothing was done
+            raise Overloaded(f"{self._starting} sandboxes are starting already; retry shortly")
         sandbox_id = body.sandbox_id or new_sandbox_id()
+        self._starting += 1
         try:
             info = await run_in_threadpool(self.manager.start, spec, sandbox_id=sandbox_id)
         except (NotFound, SandboxError):  # failed at once; the store keeps it `failed` with the reason
+            self._starting -= 1
             failed = self.manager.recorded(sandbox_id)
             if failed is None:
                 raise
             return {**self.describe(failed), "timeout": body.timeout}
+        except BaseException:
+            self._starting -= 1
+            raise
         self.ready[sandbox_id] = asyncio.Event()
         self.spawn(self._become_ready(sandbox_id, body.timeout + 600))
         return {**self.describe(info), "timeout": body.timeout}
@@ -244,6 +257,8 @@ class Service:
             event = self.ready.get(sandbox_id)
             if event is not None and info.endpoint is not None:  # still wanted
                 self.agents[sandbox_id] = async_agent_http(info.endpoint)
+        finally:
+            self._starting -= 1
         event = self.ready.get(sandbox_id)
         if event is not None:
             event.set()
@@ -309,6 +324,8 @@ class Service:
     # jobs
 
     async def submit(self, sandbox_id: str, body: ExecBody) -> Job:
+        if self._running >= self.max_running:
+            raise Overloaded(f"{self._running} commands are running already; retry shortly")
         agent = await self.agent(sandbox_id, wait=body.timeout_seconds)
         command = body.command if isinstance(body.command, str) else shlex.join(body.command)
         job = Job(job_id=secrets.token_hex(8), sandbox_id=sandbox_id, command=command)
@@ -320,6 +337,7 @@ class Service:
 
     async def _run(self, job: Job, agent: AsyncAgentChannel, body: ExecBody) -> None:
         job.status, job.started_at = "running", time.time()
+        self._running += 1
         try:
             call = AgentCalls().exec(
                 body.command,
@@ -335,6 +353,8 @@ class Service:
             result = ExecResult(exit_code=None, stdout="", stderr="", error=job.error)
         else:
             job.error = f"command timed out after {body.timeout_seconds:g} s" if result.timed_out else result.error
+        finally:
+            self._running -= 1
         job.status = "succeeded" if result.exit_code == 0 else "failed"
         job.completed_at = time.time()
         self.manager.record_exec(job.sandbox_id, job.command, result, job.started_at, job_id=job.job_id)

@@ -9,8 +9,10 @@ framed by Content-Length). Services, which may sit behind TLS, proxies or redire
 through httpx (`HttpxChannel` / `AsyncHttpxChannel`).
 
 Every channel answers `request(call)` with an object that has `status_code`, `headers`,
-`content`, `text`, `reason_phrase` and `json()`. Requests are never retried: a POST /exec that
-may have reached the agent must not run twice. Transport failures raise `AgentError`.
+`content`, `text`, `reason_phrase` and `json()`. Transport failures raise `AgentError`. Agent
+calls are never retried: a POST /exec that may have reached the agent must not run twice. Service
+calls are retried after a 503 (the service refused them before doing anything) and, for GET and
+DELETE only, after a connection failure.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import http.client
 import json
 import socket
 import threading
+import time
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
@@ -216,10 +219,18 @@ class HttpxChannel:
         self.client = client
 
     def request(self, call: Call) -> httpx.Response:
-        try:
-            return self.client.request(call.method, call.path, **_httpx_options(call))
-        except httpx.TransportError as exc:
-            raise AgentError(f"no answer from {self.client.base_url}: {type(exc).__name__} {exc}".rstrip()) from exc
+        for attempt in range(RETRIES + 1):
+            try:
+                response = self.client.request(call.method, call.path, **_httpx_options(call))
+            except httpx.TransportError as exc:
+                if call.method in IDEMPOTENT and attempt < RETRIES:
+                    time.sleep(_backoff(attempt))
+                    continue
+                raise AgentError(f"no answer from {self.client.base_url}: {type(exc).__name__} {exc}".rstrip()) from exc
+            if response.status_code != 503 or attempt == RETRIES:
+                return response
+            time.sleep(_retry_after(response, attempt))
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         self.client.close()
@@ -232,13 +243,38 @@ class AsyncHttpxChannel:
         self.client = client
 
     async def request(self, call: Call) -> httpx.Response:
-        try:
-            return await self.client.request(call.method, call.path, **_httpx_options(call))
-        except httpx.TransportError as exc:
-            raise AgentError(f"no answer from {self.client.base_url}: {type(exc).__name__} {exc}".rstrip()) from exc
+        for attempt in range(RETRIES + 1):
+            try:
+                response = await self.client.request(call.method, call.path, **_httpx_options(call))
+            except httpx.TransportError as exc:
+                if call.method in IDEMPOTENT and attempt < RETRIES:
+                    await asyncio.sleep(_backoff(attempt))
+                    continue
+                raise AgentError(f"no answer from {self.client.base_url}: {type(exc).__name__} {exc}".rstrip()) from exc
+            if response.status_code != 503 or attempt == RETRIES:
+                return response
+            await asyncio.sleep(_retry_after(response, attempt))
+        raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+RETRIES = 8
+"""How often a service call is tried again: after a 503 (refused, nothing done, any call), or
+after a connection failure of a GET or DELETE (they may safely run twice; a POST may not)."""
+IDEMPOTENT = frozenset({"GET", "DELETE"})
+
+
+def _backoff(attempt: int) -> float:
+    return min(0.1 * 2**attempt, 5.0)
+
+
+def _retry_after(response: httpx.Response, attempt: int) -> float:
+    try:
+        return min(float(response.headers.get("retry-after", "")), 30.0)
+    except ValueError:
+        return _backoff(attempt)
 
 
 def _httpx_options(call: Call) -> dict[str, Any]:

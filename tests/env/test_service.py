@@ -245,3 +245,20 @@ def test_warm_pool_through_the_service(http, base_image):
     assert run.json()["stdout"] == "pooled\n"
     assert http.post("/pools", json={"image": base_image, "size": 0, "memory": "1Gi"}).status_code == 200
     http.delete(f"/sandboxes/{created['sandbox_id']}")
+
+
+def test_overload_is_503_and_the_sdk_waits_it_out(base_image, tmp_path, start_service):
+    """One sandbox may start at a time: the second create is refused, then retried by the SDK."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with start_service(tmp_path / "o.db", max_starting=1) as (url, key):
+        with httpx.Client(base_url=url, headers={"X-API-Key": key}) as http:
+            first = http.post("/sandboxes", json={"image": base_image})
+            second = http.post("/sandboxes", json={"image": base_image})
+            assert first.status_code == 200
+            assert second.status_code == 503 and second.headers["retry-after"] == "1"
+            assert "starting already" in second.json()["detail"]
+            http.get(f"/sandboxes/{first.json()['sandbox_id']}/wait")
+        with Client(url=url, api_key=key) as client, ThreadPoolExecutor(3) as pool:
+            boxes = list(pool.map(lambda _: client.create(base_image), range(3)))
+            assert [box.exec("echo ok").stdout for box in boxes] == ["ok\n"] * 3
