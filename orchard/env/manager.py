@@ -102,7 +102,7 @@ class SandboxManager:
         """A ready sandbox of `spec`: from its warm pool if one waits there, else a new one."""
         pooled = self.pools.acquire(spec)
         if pooled is not None:
-            return self._update(pooled.sandbox_id, spec=replace(pooled.spec, run_id=spec.run_id))
+            return self.claim(pooled, spec.run_id)
         info = self.start(spec)
         return self.wait_ready(info.sandbox_id, timeout=timeout)
 
@@ -169,6 +169,15 @@ class SandboxManager:
         if info is None:
             raise NotFound(f"no sandbox {sandbox_id!r}; `orchard sandbox ls` lists the live ones")
         return info
+
+    def claim(self, pooled: SandboxInfo, run_id: str | None) -> SandboxInfo:
+        """A sandbox handed over from a pool now belongs to `run_id`."""
+        return self._update(pooled.sandbox_id, spec=replace(pooled.spec, run_id=run_id))
+
+    def knows(self, sandbox_id: str) -> bool:
+        """Whether this manager still holds the sandbox (it may have been reaped)."""
+        with self._lock:
+            return sandbox_id in self._sandboxes
 
     def check_alive(self, sandbox_id: str) -> SandboxInfo:
         """The sandbox, after asking the engine: one whose container died is failed (and removed)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -24,6 +25,8 @@ log = logging.getLogger("orchard.env.pool")
 
 MAX_POOL_SIZE = 256
 REFILL_CONCURRENCY = 4
+REFILL_PAUSE, MAX_REFILL_PAUSE = 5.0, 300.0
+"""Seconds between refill rounds when nothing wakes the refiller; longer while starts fail."""
 """Creations a refill runs at once (the engine serialises much of the work anyway)."""
 
 
@@ -58,6 +61,7 @@ class WarmPools:
         self._closed = threading.Event()
         self._workers = ThreadPoolExecutor(REFILL_CONCURRENCY, thread_name_prefix="orchard-pool")
         self._thread: threading.Thread | None = None
+        self._pause = REFILL_PAUSE
 
     def warm(self, spec: SandboxSpec, size: int) -> None:
         """Keep `size` sandboxes of `spec` ready (0 stops refilling; ready ones stay until used)."""
@@ -85,9 +89,13 @@ class WarmPools:
                 sandbox_id = ready.popleft()
             self._wake.set()
             try:
-                return self.manager.get(sandbox_id)
+                info = self.manager.get(sandbox_id)
             except OrchardError:  # reaped or deleted while it waited: take the next one
                 continue
+            if time.time() - info.created_at > info.spec.ttl / 2:  # its TTL runs from its start
+                self.manager.delete(sandbox_id)
+                continue
+            return info
 
     def sizes(self) -> list[tuple[SandboxSpec, int, int]]:
         """Each pool's spec, wanted size and ready count."""
@@ -102,11 +110,14 @@ class WarmPools:
 
     def _refill_forever(self) -> None:
         while not self._closed.is_set():
-            self._wake.wait(timeout=5.0)
+            self._wake.wait(timeout=self._pause)
             self._wake.clear()
             for key, missing in self._deficits():
                 for _ in range(missing):
-                    self._workers.submit(self._add, key)
+                    try:
+                        self._workers.submit(self._add, key)
+                    except RuntimeError:  # closed meanwhile
+                        return
 
     def _deficits(self) -> list[tuple[PoolKey, int]]:
         with self._lock:
@@ -129,3 +140,6 @@ class WarmPools:
             self._starting[key] -= 1
             if info is not None:
                 self._ready[key].append(info.sandbox_id)
+                self._pause = REFILL_PAUSE
+            else:  # back off while starts fail (a missing image, say)
+                self._pause = min(self._pause * 2, MAX_REFILL_PAUSE)

@@ -4,7 +4,9 @@ Routes, fields and status codes follow `ORCHARD_ENV_API.md` (the API of the publ
 Env service) so its clients work unchanged. Extensions: `GET /sandboxes` (list), `GET/PUT
 /sandboxes/{id}/archive` (folders as tar), `ttl`, `env` and `run_id` on create, and on jobs
 `truncated`, `timed_out`, `stdout_bytes`, `stderr_bytes` and `rejected` (the agent refused the
-request itself, e.g. a missing cwd). A duplicate `sandbox_id` is 409. An image that cannot be found
+request itself, e.g. a missing cwd); `session` on exec (a persistent shell) and `DELETE
+/sandboxes/{id}/shell`; `POST/GET /pools` (warm pools). Beyond `max_starting` sandboxes starting
+or `max_running` commands running, requests get 503 with Retry-After, before anything is done. A duplicate `sandbox_id` is 409. An image that cannot be found
 gives 200 with `status: "failed"` and the reason, at once. An exec on a pending sandbox waits for
 it (up to `timeout_seconds`).
 
@@ -223,6 +225,7 @@ class Service:
         if body.sandbox_id is None:
             pooled = self.manager.pools.acquire(spec)  # a local hand-over: no thread needed
             if pooled is not None:
+                pooled = self.manager.claim(pooled, spec.run_id)
                 assert pooled.endpoint is not None
                 self.agents[pooled.sandbox_id] = async_agent_http(pooled.endpoint)
                 return {**self.describe(pooled), "timeout": body.timeout}
@@ -326,18 +329,22 @@ class Service:
     async def submit(self, sandbox_id: str, body: ExecBody) -> Job:
         if self._running >= self.max_running:
             raise Overloaded(f"{self._running} commands are running already; retry shortly")
-        agent = await self.agent(sandbox_id, wait=body.timeout_seconds)
-        command = body.command if isinstance(body.command, str) else shlex.join(body.command)
-        job = Job(job_id=secrets.token_hex(8), sandbox_id=sandbox_id, command=command)
-        if not body.wait:  # the caller only gets a job id: it must survive a crash of the service
-            await run_in_threadpool(self.manager.record_started, job.job_id, sandbox_id, command, job.created_at)
+        self._running += 1  # counted before any await, so a burst cannot slip past the limit
+        try:
+            agent = await self.agent(sandbox_id, wait=body.timeout_seconds)
+            command = body.command if isinstance(body.command, str) else shlex.join(body.command)
+            job = Job(job_id=secrets.token_hex(8), sandbox_id=sandbox_id, command=command)
+            if not body.wait:  # the caller only gets a job id: it must survive a crash of the service
+                await run_in_threadpool(self.manager.record_started, job.job_id, sandbox_id, command, job.created_at)
+        except BaseException:
+            self._running -= 1
+            raise
         self.jobs[job.job_id] = job
         self.spawn(self._run(job, agent, body))
         return job
 
     async def _run(self, job: Job, agent: AsyncAgentChannel, body: ExecBody) -> None:
         job.status, job.started_at = "running", time.time()
-        self._running += 1
         try:
             call = AgentCalls().exec(
                 body.command,
@@ -350,6 +357,10 @@ class Service:
             job.result = result = await asend(agent, call)
         except OrchardError as exc:
             job.error, job.rejected = str(exc), isinstance(exc, InvalidRequest)
+            result = ExecResult(exit_code=None, stdout="", stderr="", error=job.error)
+        except Exception as exc:  # a bug or a garbled answer: the job still ends, with the reason
+            log.exception("job %s failed", job.job_id)
+            job.error = f"internal error ({type(exc).__name__}): {exc}"
             result = ExecResult(exit_code=None, stdout="", stderr="", error=job.error)
         else:
             job.error = f"command timed out after {body.timeout_seconds:g} s" if result.timed_out else result.error
@@ -392,6 +403,10 @@ class Service:
             for job_id, job in list(self.jobs.items()):
                 if job.completed_at and now - job.completed_at > JOB_KEEP_SECONDS:
                     self.jobs.pop(job_id, None)
+            for sandbox_id in list(self.agents):  # reaped at their TTL by the manager meanwhile
+                if not self.manager.knows(sandbox_id):
+                    self.ready.pop(sandbox_id, None)
+                    await self._drop_agent(sandbox_id)
             for sandbox_id, beat in list(self.heartbeats.items()):
                 if now - beat > self.heartbeat_silence:
                     try:

@@ -4,8 +4,8 @@ The direct route to an agent is the hot path of every agent step, and the agent 
 command in about a millisecond; a general HTTP client's per-request machinery (URL parsing,
 cookies, redirects, connection-pool state) would cost a large share of that again. So agents are
 reached through `AgentChannel` / `AsyncAgentChannel`: plain HTTP/1.1 keep-alive connections over
-the agent's Unix socket (or its TCP address), speaking exactly what the agent speaks (answers
-framed by Content-Length). Services, which may sit behind TLS, proxies or redirects, are reached
+the agent's Unix socket (or its TCP address), for the routes the SDK uses (every answer framed by
+Content-Length; no HEAD, no chunked bodies). Services, which may sit behind TLS, proxies or redirects, are reached
 through httpx (`HttpxChannel` / `AsyncHttpxChannel`).
 
 Every channel answers `request(call)` with an object that has `status_code`, `headers`,
@@ -22,6 +22,7 @@ import contextlib
 import http
 import http.client
 import json
+import math
 import socket
 import threading
 import time
@@ -159,6 +160,7 @@ class AsyncAgentChannel:
         self._host, self._port = url.hostname or "agent", url.port or 80
         self._auth = f"Bearer {endpoint.token}"
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._closed = False
 
     async def request(self, call: Call) -> Answer:
         body, content_type = _body(call)
@@ -183,7 +185,7 @@ class AsyncAgentChannel:
                     raise
         except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
             raise AgentError(f"no answer from the sandbox's agent: {type(exc).__name__} {exc}".rstrip()) from exc
-        if headers.get("connection", "").lower() == "close":
+        if self._closed or headers.get("connection", "").lower() == "close":
             writer.close()
         else:
             self._idle.append((reader, writer))
@@ -195,21 +197,28 @@ class AsyncAgentChannel:
         return await asyncio.open_connection(self._host, self._port)
 
     async def aclose(self) -> None:
+        self._closed = True
         idle, self._idle = self._idle, []
         for _reader, writer in idle:
             writer.close()
 
 
 async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """An answer framed by Content-Length, the only framing the agent uses (anything else: ValueError)."""
     status_line = await reader.readline()
     if not status_line:
         raise ConnectionResetError("the agent closed the connection")
-    status = int(status_line.split()[1])
+    parts = status_line.split()
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise ValueError(f"not an HTTP answer: {status_line[:80]!r}")
     headers = {}
     while (line := await reader.readline()) not in (b"\r\n", b""):
         name, _, value = line.decode("latin-1").partition(":")
         headers[name.strip().lower()] = value.strip()
-    return status, headers, await reader.readexactly(int(headers.get("content-length", 0)))
+    length = headers.get("content-length", "")
+    if not length.isdigit():
+        raise ValueError("an answer without Content-Length; the agent always sends one")
+    return int(parts[1]), headers, await reader.readexactly(int(length))
 
 
 class HttpxChannel:
@@ -219,18 +228,23 @@ class HttpxChannel:
         self.client = client
 
     def request(self, call: Call) -> httpx.Response:
-        for attempt in range(RETRIES + 1):
+        deadline = time.monotonic() + RETRY_SECONDS
+        attempt = 0
+        while True:
             try:
                 response = self.client.request(call.method, call.path, **_httpx_options(call))
             except httpx.TransportError as exc:
-                if call.method in IDEMPOTENT and attempt < RETRIES:
-                    time.sleep(_backoff(attempt))
-                    continue
-                raise AgentError(f"no answer from {self.client.base_url}: {type(exc).__name__} {exc}".rstrip()) from exc
-            if response.status_code != 503 or attempt == RETRIES:
-                return response
-            time.sleep(_retry_after(response, attempt))
-        raise AssertionError("unreachable")
+                pause = _backoff(attempt)
+                if call.method not in IDEMPOTENT or attempt >= CONNECT_RETRIES:
+                    raise AgentError(
+                        f"no answer from {self.client.base_url}: {type(exc).__name__} {exc}".rstrip()
+                    ) from exc
+            else:
+                pause = _retry_after(response, attempt)
+                if response.status_code != 503 or time.monotonic() + pause > deadline:
+                    return response
+            time.sleep(pause)
+            attempt += 1
 
     def close(self) -> None:
         self.client.close()
@@ -243,27 +257,34 @@ class AsyncHttpxChannel:
         self.client = client
 
     async def request(self, call: Call) -> httpx.Response:
-        for attempt in range(RETRIES + 1):
+        deadline = time.monotonic() + RETRY_SECONDS
+        attempt = 0
+        while True:
             try:
                 response = await self.client.request(call.method, call.path, **_httpx_options(call))
             except httpx.TransportError as exc:
-                if call.method in IDEMPOTENT and attempt < RETRIES:
-                    await asyncio.sleep(_backoff(attempt))
-                    continue
-                raise AgentError(f"no answer from {self.client.base_url}: {type(exc).__name__} {exc}".rstrip()) from exc
-            if response.status_code != 503 or attempt == RETRIES:
-                return response
-            await asyncio.sleep(_retry_after(response, attempt))
-        raise AssertionError("unreachable")
+                pause = _backoff(attempt)
+                if call.method not in IDEMPOTENT or attempt >= CONNECT_RETRIES:
+                    raise AgentError(
+                        f"no answer from {self.client.base_url}: {type(exc).__name__} {exc}".rstrip()
+                    ) from exc
+            else:
+                pause = _retry_after(response, attempt)
+                if response.status_code != 503 or time.monotonic() + pause > deadline:
+                    return response
+            await asyncio.sleep(pause)
+            attempt += 1
 
     async def aclose(self) -> None:
         await self.client.aclose()
 
 
-RETRIES = 8
-"""How often a service call is tried again: after a 503 (refused, nothing done, any call), or
-after a connection failure of a GET or DELETE (they may safely run twice; a POST may not)."""
+RETRY_SECONDS = 120.0
+"""How long a call refused with 503 (nothing was done: any call) is tried again. GET and DELETE
+are also tried again after a connection failure (they may safely run twice; a POST may not)."""
 IDEMPOTENT = frozenset({"GET", "DELETE"})
+CONNECT_RETRIES = 3
+"""Tries after a connection failure (0.1 + 0.2 + 0.4 s): enough for a blip, short for a dead service."""
 
 
 def _backoff(attempt: int) -> float:
@@ -272,9 +293,10 @@ def _backoff(attempt: int) -> float:
 
 def _retry_after(response: httpx.Response, attempt: int) -> float:
     try:
-        return min(float(response.headers.get("retry-after", "")), 30.0)
+        seconds = float(response.headers.get("retry-after", ""))
     except ValueError:
         return _backoff(attempt)
+    return min(max(seconds, 0.0), 30.0) if math.isfinite(seconds) else _backoff(attempt)
 
 
 def _httpx_options(call: Call) -> dict[str, Any]:

@@ -64,10 +64,12 @@ def test_agent_killed_inside_its_sandbox(client, base_image, docker_client):
             box.exec("kill -9 $(cat /proc/1/task/1/children)")  # init's only child: the agent
         with pytest.raises(AgentError, match="no answer"):
             box.exec("echo anyone?", timeout=5)
-        for _ in range(100):  # its container ends with it: nothing is left running
+        for _ in range(200):  # its container ends with it: nothing is left running
             if not docker_client.containers.list(filters={"name": f"orchard-{box.id}"}):
                 break
             time.sleep(0.05)
+        else:
+            raise AssertionError("the sandbox's container kept running without its agent")
         assert client._manager.check_alive(box.id).status == "failed"
     finally:
         box.delete()
@@ -120,7 +122,11 @@ def test_service_killed_mid_commands_then_restarted(tmp_path, base_image, docker
                 http.post(f"/sandboxes/{sandbox_id}/exec", json={"command": f"sleep 30; echo {i}"}).json()["job_id"]
                 for i in range(20)
             ]
-            time.sleep(0.5)  # past the recorder's batch window: the finished job is in the store
+            for _ in range(200):  # the finished job reaches the store in the recorder's next batch
+                with sqlite3.connect(home / "orchard.db") as db:
+                    if db.execute("SELECT 1 FROM exec_jobs WHERE id = ?", (done["job_id"],)).fetchone():
+                        break
+                time.sleep(0.05)
             service.send_signal(signal.SIGKILL)
             service.wait(timeout=30)
             assert docker_client.containers.list(filters={"name": f"orchard-{sandbox_id}"})  # left behind

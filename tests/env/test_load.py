@@ -1,4 +1,4 @@
-"""Load: 100 sandboxes x 20 commands at once, every result right and recorded in the store."""
+"""Load: 100 sandboxes (25 at a time) x 20 commands, every result right and recorded in the store."""
 
 from __future__ import annotations
 

@@ -392,3 +392,17 @@ def test_warm_pool_hands_over_ready_sandboxes_and_refills(base_image, tmp_path, 
         ids = [info.sandbox_id for info in manager.list()]
     for sandbox_id in ids:  # pooled ones are deleted with the client too
         assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{sandbox_id}"})
+
+
+def test_a_session_survives_broken_commands_and_drops_background_output(box):
+    box.exec("cd /tmp && export KEEP=1", session="robust")
+    for broken in ("cat <<EOF\nunterminated", "echo 'open quote", "if then", "}"):
+        result = box.exec(broken, session="robust", timeout=10)
+        assert result.error is None, (broken, result)
+    assert box.exec("echo $KEEP; pwd", session="robust").stdout == "1\n/tmp\n"  # state survived
+    box.exec("(sleep 0.2; echo LATE) &", session="robust")
+    time.sleep(0.5)
+    assert box.exec("echo next", session="robust").stdout == "next\n"  # no stray LATE
+    closed = box.exec("exec >/dev/null", session="robust", timeout=10)  # the session's output is gone
+    assert "ended the shell session" in closed.error
+    assert box.exec("echo again", session="robust").stdout == "again\n"

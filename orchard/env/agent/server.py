@@ -236,12 +236,13 @@ class AgentConfig:
                 session = self.sessions[name] = ShellSession(self)
             return session
 
-    def close_session(self, name: str) -> bool:
-        """Kill the shell called ``name`` and everything it started; False if there was none."""
+    def close_session(self, name: str, only: ShellSession | None = None) -> bool:
+        """Kill the shell called ``name`` (if ``only``, just when it is still that one)."""
         with self.sessions_lock:
-            session = self.sessions.pop(name, None)
-        if session is None:
-            return False
+            session = self.sessions.get(name)
+            if session is None or (only is not None and session is not only):
+                return False
+            del self.sessions[name]
         session.kill()
         return True
 
@@ -356,7 +357,8 @@ def oom_kills() -> int | None:
 def note_oom(result: ProcessResult, before: int | None) -> None:
     """Say so when the command (or part of it) was killed for memory, not by some other SIGKILL."""
     after = oom_kills()
-    if before is not None and after is not None and after > before and result.error is None:
+    killed = result.exit_code == 128 + signal.SIGKILL
+    if killed and before is not None and after is not None and after > before and result.error is None:
         result.error = "killed by the out-of-memory killer: the sandbox's memory limit was reached"
 
 
@@ -528,11 +530,13 @@ def _close(fd: int) -> None:
 class ShellSession:
     """A persistent shell: commands share its working directory, variables and functions.
 
-    Each command is written to the shell's stdin as ``{ CMD\n} </dev/null`` followed by two
-    ``printf`` lines that print a random marker (with the exit status) on stdout and stderr; the
-    output of the command is what comes before the markers. A timeout kills the shell's whole
-    process group (the session starts afresh on the next command); a command that exits the
-    shell ends the session the same way.
+    Each command is sent as ``{ eval 'CMD'\n} </dev/null`` (so a syntax error, an open quote or
+    heredoc only fails that command) followed by two ``printf`` lines that print a random marker,
+    joined at run time so that no trace ever contains it, with the exit status, on stdout and
+    stderr; the command's output is what comes before the markers. Output that background jobs
+    write between commands is dropped before the next command. A timeout kills the shell's whole
+    process group, and so does a command that ends the shell or closes its output; either way the
+    session starts afresh on the next command, and ``error`` says so.
     """
 
     def __init__(self, agent: AgentConfig) -> None:
@@ -555,28 +559,36 @@ class ShellSession:
         return self.proc.poll() is None
 
     def kill(self) -> None:
+        """Kill the shell and everything it started (pipes stay open for a reader still on them)."""
         _kill_group(self.proc.pid)
         self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
 
     def run(self, command: str, timeout: float | None, max_output: int) -> ProcessResult:
         """Run one command in this shell (commands of one session run one at a time)."""
         with self.lock:
+            if not self.alive():
+                result = ProcessResult(Capture(0), Capture(0))
+                result.error = "the shell session ended; run the command again to start a new one"
+                return result
             return self._run(command, timeout, max_output)
 
     def _run(self, command: str, timeout: float | None, max_output: int) -> ProcessResult:
         start = time.monotonic()
-        marker = b"__orchard_" + os.urandom(8).hex().encode()
-        tag = marker.decode()
-        script = f"{{ {command}\n}} </dev/null\nprintf '%s %d\\n' {tag} \"$?\"\nprintf '%s\\n' {tag} >&2\n"
         assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        _drop_pending(self.proc.stdout.fileno(), self.proc.stderr.fileno())
+        token = os.urandom(8).hex()
+        quoted = command.replace("'", "'\\''")
+        script = (
+            f"{{ eval '{quoted}'\n}} </dev/null\n"
+            f"printf '%s%s %d\\n' __orchard_ {token} \"$?\"\n"
+            f"printf '%s%s\\n' __orchard_ {token} >&2\n"
+        )
+        marker = f"__orchard_{token}".encode()
         result = ProcessResult(Capture(max_output), Capture(max_output))
         try:
             self.proc.stdin.write(script.encode())
             self.proc.stdin.flush()
-        except BrokenPipeError:
+        except (OSError, ValueError):
             result.error = "the shell session ended; run the command again to start a new one"
             return result
         out = _UntilMarker(self.proc.stdout.fileno(), marker, result.stdout)
@@ -602,11 +614,32 @@ class ShellSession:
             result.error = "the shell session was killed with the command; the next command starts a new one"
         elif out.status is not None:
             result.exit_code = out.status
-        else:  # the command ended the shell (exit, exec, ...)
-            result.exit_code = self.proc.wait()
+        else:  # the shell ended (exit, exec, ...) or its output was closed
+            try:
+                code = self.proc.wait(timeout=EXIT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                code = self.proc.wait()
+            result.exit_code = 128 - code if code < 0 else code
             result.error = "the command ended the shell session; the next command starts a new one"
         result.duration = time.monotonic() - start
         return result
+
+
+def _drop_pending(*fds: int) -> None:
+    """Discard what background jobs wrote since the last command, without waiting."""
+    with selectors.DefaultSelector() as selector:
+        for fd in fds:
+            selector.register(fd, selectors.EVENT_READ)
+        while True:
+            ready = selector.select(0)
+            if not ready:
+                return
+            for key, _ in ready:
+                if not os.read(key.fd, READ_CHUNK):
+                    selector.unregister(key.fd)
+                    if not selector.get_map():
+                        return
 
 
 class _UntilMarker:
@@ -632,7 +665,7 @@ class _UntilMarker:
             self.done = True
             return False
         if self.done:
-            return True  # output of background jobs after the marker: dropped
+            return True  # after the marker: background output, dropped before the next command
         self.pending += chunk
         index = self.pending.find(self.marker)
         if index < 0:
@@ -1069,7 +1102,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         result = session.run(command, timeout, max_output)
         note_oom(result, ooms)
         if result.timed_out or not session.alive():
-            self.server.agent.close_session(name)
+            self.server.agent.close_session(name, only=session)
         self.send_exec(result, timeout, session=name)
 
     def route_close_shell(self) -> None:
