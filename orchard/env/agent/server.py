@@ -45,10 +45,12 @@ resolved against the workdir.
 ``POST /shell``
     Body ``{"command": str, "session": str (default "default"), "timeout": number|null,
     "max_output": int|null}``: the command runs in a persistent shell of that name (started on
-    first use), so cwd, variables and functions carry over. Answered as ``/exec`` (plus
-    ``"session"`` in the JSON line). A timeout kills the session's whole process group, and a
-    command that ends the shell ends the session; either way the next command starts a fresh
-    shell, and ``error`` says so. ``DELETE /shell?session=NAME`` ends a session:
+    first use), through ``eval`` so that a syntax error or an open quote fails only that command;
+    cwd, variables and functions carry over. Answered as ``/exec`` (plus ``"session"`` in the
+    JSON line). Output that background jobs write between commands is dropped. A timeout kills
+    the session's whole process group; a command that exits the shell or closes its output ends
+    the session too; either way the next command starts a fresh shell and ``error`` says so.
+    Commands of one session run one at a time. ``DELETE /shell?session=NAME`` ends a session:
     ``{"session", "closed": bool}``.
 
 ``GET /files?path=P``
