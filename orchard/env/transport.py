@@ -228,23 +228,17 @@ class HttpxChannel:
         self.client = client
 
     def request(self, call: Call) -> httpx.Response:
-        deadline = time.monotonic() + RETRY_SECONDS
-        attempt = 0
+        retry = _Retry(call, str(self.client.base_url))
         while True:
             try:
                 response = self.client.request(call.method, call.path, **_httpx_options(call))
             except httpx.TransportError as exc:
-                pause = _backoff(attempt)
-                if call.method not in IDEMPOTENT or attempt >= CONNECT_RETRIES:
-                    raise AgentError(
-                        f"no answer from {self.client.base_url}: {type(exc).__name__} {exc}".rstrip()
-                    ) from exc
+                time.sleep(retry.after_failure(exc))
             else:
-                pause = _retry_after(response, attempt)
-                if response.status_code != 503 or time.monotonic() + pause > deadline:
+                pause = retry.after_answer(response)
+                if pause is None:
                     return response
-            time.sleep(pause)
-            attempt += 1
+                time.sleep(pause)
 
     def close(self) -> None:
         self.client.close()
@@ -257,23 +251,17 @@ class AsyncHttpxChannel:
         self.client = client
 
     async def request(self, call: Call) -> httpx.Response:
-        deadline = time.monotonic() + RETRY_SECONDS
-        attempt = 0
+        retry = _Retry(call, str(self.client.base_url))
         while True:
             try:
                 response = await self.client.request(call.method, call.path, **_httpx_options(call))
             except httpx.TransportError as exc:
-                pause = _backoff(attempt)
-                if call.method not in IDEMPOTENT or attempt >= CONNECT_RETRIES:
-                    raise AgentError(
-                        f"no answer from {self.client.base_url}: {type(exc).__name__} {exc}".rstrip()
-                    ) from exc
+                await asyncio.sleep(retry.after_failure(exc))
             else:
-                pause = _retry_after(response, attempt)
-                if response.status_code != 503 or time.monotonic() + pause > deadline:
+                pause = retry.after_answer(response)
+                if pause is None:
                     return response
-            await asyncio.sleep(pause)
-            attempt += 1
+                await asyncio.sleep(pause)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -285,6 +273,32 @@ are also tried again after a connection failure (they may safely run twice; a PO
 IDEMPOTENT = frozenset({"GET", "DELETE"})
 CONNECT_RETRIES = 3
 """Tries after a connection failure (0.1 + 0.2 + 0.4 s): enough for a blip, short for a dead service."""
+
+
+class _Retry:
+    """When to try a service call again, and after how long (shared by the sync and async channels)."""
+
+    def __init__(self, call: Call, where: str):
+        self.call, self.where = call, where
+        self.deadline = time.monotonic() + RETRY_SECONDS
+        self.attempt = 0
+
+    def after_failure(self, exc: httpx.TransportError) -> float:
+        """The pause before the next try after a connection failure; raises when there is none."""
+        if self.call.method not in IDEMPOTENT or self.attempt >= CONNECT_RETRIES:
+            raise AgentError(f"no answer from {self.where}: {type(exc).__name__} {exc}".rstrip()) from exc
+        self.attempt += 1
+        return _backoff(self.attempt - 1)
+
+    def after_answer(self, response: httpx.Response) -> float | None:
+        """The pause before the next try after an answer, or None to keep this answer."""
+        if response.status_code != 503:
+            return None
+        pause = _retry_after(response, self.attempt)
+        if time.monotonic() + pause > self.deadline:
+            return None
+        self.attempt += 1
+        return pause
 
 
 def _backoff(attempt: int) -> float:
