@@ -121,6 +121,7 @@ def _start_in_background(host: str, port: int, backend: str, key: str, pools: li
         "--backend",
         backend,
     ]
+    argv += [f"--pool={each}" for each in pools]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             argv,

@@ -99,7 +99,7 @@ def test_up_status_down_leave_nothing_behind(orchard_home, docker_client, base_i
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {"ORCHARD_HOME": str(orchard_home)}
-    started = runner.invoke(app, ["up", "--port", str(port)], env=env)
+    started = runner.invoke(app, ["up", "--port", str(port), "--pool", f"{base_image}=1"], env=env)
     assert started.exit_code == 0, started.output
     assert f"http://127.0.0.1:{port}" in started.stdout
     assert (orchard_home / "service.json").stat().st_mode & 0o777 == 0o600
@@ -108,12 +108,28 @@ def test_up_status_down_leave_nothing_behind(orchard_home, docker_client, base_i
         assert "already running" in again.stdout
         sandbox_id = runner.invoke(app, ["sandbox", "create", base_image], env=env).stdout.strip()
         assert docker_client.containers.list(filters={"name": f"orchard-{sandbox_id}"})
+        import json
+
+        import httpx
+
+        key = json.loads((orchard_home / "service.json").read_text())["api_key"]
+        for _ in range(300):  # the warm pool fills in the background
+            pools = httpx.get(f"http://127.0.0.1:{port}/pools", headers={"X-API-Key": key}).json()["pools"]
+            if pools and pools[0]["ready"] == 1:
+                break
+            time.sleep(0.05)
+        assert pools == [{"image": base_image, "block_network": True, "size": 1, "ready": 1}]
         status = runner.invoke(app, ["status"], env=env)
-        assert "1 sandbox(es)" in status.stdout and "running" in status.stdout
+        assert "2 sandbox(es)" in status.stdout and "running" in status.stdout  # one pooled
+        listed = httpx.get(f"http://127.0.0.1:{port}/sandboxes", headers={"X-API-Key": key}).json()["sandboxes"]
+        ids = [s["sandbox_id"] for s in listed]
+        assert len(ids) == 2
     finally:
         stopped = runner.invoke(app, ["down"], env=env)
     assert stopped.exit_code == 0, stopped.output
     assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{sandbox_id}"})
+    for owned in ids:  # the pooled one too
+        assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{owned}"})
     assert not (orchard_home / "service.json").exists()
     time.sleep(0.1)
     assert "not running" in runner.invoke(app, ["status"], env=env).stdout
