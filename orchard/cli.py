@@ -272,11 +272,14 @@ def sandbox_exec(
     ],
     timeout: Annotated[float, typer.Option(help="Seconds before the command is killed.")] = 300.0,
     cwd: Annotated[str | None, typer.Option(help="Working directory (default /workspace).")] = None,
+    session: Annotated[
+        str | None, typer.Option(help="Run in this persistent shell: cd and variables carry over between calls.")
+    ] = None,
 ) -> None:
     """Run a command in a sandbox; its output and exit code become this command's."""
     command_arg: str | list[str] = command_line[0] if len(command_line) == 1 else command_line
     with _service_client() as client:
-        result = client.attach(sandbox_id).exec(command_arg, timeout=timeout, cwd=cwd)
+        result = client.attach(sandbox_id).exec(command_arg, timeout=timeout, cwd=cwd, session=session)
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     if result.exit_code is None:

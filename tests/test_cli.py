@@ -42,6 +42,9 @@ def test_sandbox_commands_against_the_service(service, busybox_image, monkeypatc
         assert (ran.exit_code, ran.stdout, ran.stderr) == (3, "out\n", "err\n")
         one_string = runner.invoke(app, ["sandbox", "exec", sandbox_id, "echo $((6*7))"])
         assert one_string.stdout == "42\n"
+        runner.invoke(app, ["sandbox", "exec", "--session", "t", sandbox_id, "cd /tmp; X=7"])
+        kept = runner.invoke(app, ["sandbox", "exec", "--session", "t", sandbox_id, "echo $X; pwd"])
+        assert kept.stdout == "7\n/tmp\n"
         bad_cwd = runner.invoke(app, ["sandbox", "exec", sandbox_id, "--cwd", "/nope", "true"])
         assert bad_cwd.exit_code == 1 and bad_cwd.stderr == "error: cwd does not exist: /nope\n"
     finally:
