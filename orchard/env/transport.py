@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http
-import http.client
 import json
 import math
 import socket
@@ -74,16 +73,62 @@ def _body(call: Call) -> tuple[bytes, str | None]:
     return b"", None
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float | None):
-        super().__init__("agent", timeout=timeout)
-        self.socket_path = path
+def _request_bytes(call: Call, auth: str) -> bytes:
+    """The whole HTTP/1.1 request for `call`, ready to send."""
+    body, content_type = _body(call)
+    head = [f"{call.method} {_target(call)} HTTP/1.1", "Host: agent", f"Authorization: {auth}"]
+    head.append(f"Content-Length: {len(body)}")
+    if content_type:
+        head.append(f"Content-Type: {content_type}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self.socket_path)
-        self.sock = sock
+
+def _parse_head(status_line: bytes, header_lines: list[bytes]) -> tuple[int, dict[str, str], int]:
+    """Status, headers and body length of an answer framed by Content-Length (else ValueError)."""
+    if not status_line:
+        raise ConnectionResetError("the agent closed the connection")
+    parts = status_line.split()
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise ValueError(f"not an HTTP answer: {status_line[:80]!r}")
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = headers.get("content-length", "")
+    if not length.isdigit():
+        raise ValueError("an answer without Content-Length; the agent always sends one")
+    return int(parts[1]), headers, int(length)
+
+
+class _Connection:
+    """One keep-alive socket to the agent, with a buffered reader."""
+
+    def __init__(self, endpoint: AgentEndpoint, host: str, port: int, timeout: float | None):
+        if endpoint.uds:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            self.sock.connect(endpoint.uds)
+        else:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = self.sock.makefile("rb")
+
+    def exchange(self, message: bytes, timeout: float | None) -> Answer:
+        self.sock.settimeout(timeout)
+        self.sock.sendall(message)
+        status_line = self.reader.readline()
+        header_lines = []
+        while (line := self.reader.readline()) not in (b"\r\n", b""):
+            header_lines.append(line)
+        status, headers, length = _parse_head(status_line, header_lines)
+        content = self.reader.read(length)
+        if len(content) < length:
+            raise ConnectionResetError("the agent closed the connection mid-answer")
+        return Answer(status, headers, content)
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
 
 
 class AgentChannel:
@@ -94,29 +139,33 @@ class AgentChannel:
         url = urllib.parse.urlsplit(endpoint.url)
         self._host, self._port = url.hostname or "agent", url.port or 80
         self._auth = f"Bearer {endpoint.token}"
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[_Connection] = []
         self._lock = threading.Lock()
         self._closed = False
 
     def request(self, call: Call) -> Answer:
         timeout = self.timeout if call.timeout is None else call.timeout
-        connection = self._checkout(timeout)
-        body, content_type = _body(call)
-        headers = {"Authorization": self._auth, "Content-Length": str(len(body))}
-        if content_type:
-            headers["Content-Type"] = content_type
+        message = _request_bytes(call, self._auth)
+        with self._lock:
+            connection = self._idle.pop() if self._idle else None
         try:
-            connection.request(call.method, _target(call), body=body, headers=headers)
-            answer = connection.getresponse()
-            content = answer.read()
-        except (OSError, http.client.HTTPException) as exc:
-            connection.close()
+            if connection is None:
+                connection = _Connection(self.endpoint, self._host, self._port, timeout)
+            answer = connection.exchange(message, timeout)
+        except (OSError, ValueError) as exc:
+            if connection is not None:
+                connection.close()
             raise AgentError(f"no answer from the sandbox's agent: {type(exc).__name__} {exc}".rstrip()) from exc
-        if answer.will_close:
+        if answer.headers.get("connection", "").lower() == "close":
             connection.close()
         else:
-            self._checkin(connection)
-        return Answer(answer.status, {k.lower(): v for k, v in answer.getheaders()}, content)
+            with self._lock:
+                if not self._closed:
+                    self._idle.append(connection)
+                    connection = None
+            if connection is not None:
+                connection.close()
+        return answer
 
     def close(self) -> None:
         with self._lock:
@@ -131,25 +180,6 @@ class AgentChannel:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _checkout(self, timeout: float | None) -> http.client.HTTPConnection:
-        with self._lock:
-            connection = self._idle.pop() if self._idle else None
-        if connection is None:
-            if self.endpoint.uds:
-                return _UnixConnection(self.endpoint.uds, timeout)
-            return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-        connection.timeout = timeout
-        if connection.sock is not None:
-            connection.sock.settimeout(timeout)
-        return connection
-
-    def _checkin(self, connection: http.client.HTTPConnection) -> None:
-        with self._lock:
-            if not self._closed:
-                self._idle.append(connection)
-                return
-        connection.close()
-
 
 class AsyncAgentChannel:
     """The asyncio twin of `AgentChannel` (one event loop)."""
@@ -163,16 +193,7 @@ class AsyncAgentChannel:
         self._closed = False
 
     async def request(self, call: Call) -> Answer:
-        body, content_type = _body(call)
-        head = [
-            f"{call.method} {_target(call)} HTTP/1.1",
-            "Host: agent",
-            f"Authorization: {self._auth}",
-            f"Content-Length: {len(body)}",
-        ]
-        if content_type:
-            head.append(f"Content-Type: {content_type}")
-        message = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        message = _request_bytes(call, self._auth)
         timeout = self.timeout if call.timeout is None else call.timeout
         try:
             async with asyncio.timeout(timeout):
@@ -204,21 +225,12 @@ class AsyncAgentChannel:
 
 
 async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
-    """An answer framed by Content-Length, the only framing the agent uses (anything else: ValueError)."""
     status_line = await reader.readline()
-    if not status_line:
-        raise ConnectionResetError("the agent closed the connection")
-    parts = status_line.split()
-    if len(parts) < 2 or not parts[1].isdigit():
-        raise ValueError(f"not an HTTP answer: {status_line[:80]!r}")
-    headers = {}
+    header_lines = []
     while (line := await reader.readline()) not in (b"\r\n", b""):
-        name, _, value = line.decode("latin-1").partition(":")
-        headers[name.strip().lower()] = value.strip()
-    length = headers.get("content-length", "")
-    if not length.isdigit():
-        raise ValueError("an answer without Content-Length; the agent always sends one")
-    return int(parts[1]), headers, await reader.readexactly(int(length))
+        header_lines.append(line)
+    status, headers, length = _parse_head(status_line, header_lines)
+    return status, headers, await reader.readexactly(length)
 
 
 class HttpxChannel:
