@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shlex
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -171,9 +172,8 @@ def split_exec_answer(body: bytes) -> tuple[dict[str, Any], bytes, bytes]:
     return facts, body[line_end + 1 : stdout_end], body[stdout_end : stdout_end + facts["stderr_length"]]
 
 
-def _shell_text(command: str | Sequence[str]) -> str:
-    import shlex
-
+def command_text(command: str | Sequence[str]) -> str:
+    """A command as one shell string: a list is quoted, never joined with bare spaces."""
     checked = check_command(command)
     return checked if isinstance(checked, str) else shlex.join(checked)
 
@@ -219,7 +219,7 @@ class AgentCalls:
             raise InvalidRequest(
                 f"{', '.join(given)} cannot be set per command in a shell session; use cd/export in it"
             )
-        body = {"command": _shell_text(command), "session": session, "timeout": timeout}
+        body = {"command": command_text(command), "session": session, "timeout": timeout}
         return Call("POST", "/shell", self._exec_result, json=body, timeout=_http_timeout(timeout))
 
     def close_session(self, session: str) -> Call:

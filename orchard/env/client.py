@@ -46,6 +46,7 @@ from orchard.env.calls import (
     ServiceCalls,
     ServiceSandboxes,
     asend,
+    command_text,
     send,
 )
 from orchard.env.manager import SandboxInfo, SandboxManager, agent_http, async_agent_http
@@ -113,7 +114,7 @@ class Sandbox:
             )
         )
         if self._on_exec:
-            self._on_exec(self.id, _command_text(command), result, started)
+            self._on_exec(self.id, command_text(command), result, started)
         return result
 
     def close_session(self, session: str) -> bool:
@@ -368,7 +369,7 @@ class AsyncSandbox:
             )
         )
         if self._on_exec:
-            self._on_exec(self.id, _command_text(command), result, started)
+            self._on_exec(self.id, command_text(command), result, started)
         return result
 
     async def close_session(self, session: str) -> bool:
@@ -652,12 +653,6 @@ def _bytes(data: bytes | str) -> bytes:
     if isinstance(data, bytes | bytearray | memoryview):
         return bytes(data)
     raise InvalidRequest(f"file content must be bytes or str, not {type(data).__name__}")
-
-
-def _command_text(command: str | Sequence[str]) -> str:
-    import shlex
-
-    return command if isinstance(command, str) else shlex.join(command)
 
 
 def pack_folder(folder: Path) -> bytes:

@@ -29,7 +29,6 @@ import logging
 import math
 import os
 import secrets
-import shlex
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -45,7 +44,7 @@ from starlette.concurrency import run_in_threadpool
 from orchard import __version__
 from orchard.config import settings
 from orchard.env.backends.base import SANDBOX_ID, SandboxSpec, check_sandbox_id, parse_memory
-from orchard.env.calls import AgentCalls, ExecResult, asend
+from orchard.env.calls import AgentCalls, ExecResult, asend, command_text
 from orchard.env.manager import SandboxInfo, SandboxManager, async_agent_http, new_sandbox_id
 from orchard.env.transport import AsyncAgentChannel
 from orchard.errors import (
@@ -332,7 +331,7 @@ class Service:
         self._running += 1  # counted before any await, so a burst cannot slip past the limit
         try:
             agent = await self.agent(sandbox_id, wait=body.timeout_seconds)
-            command = body.command if isinstance(body.command, str) else shlex.join(body.command)
+            command = command_text(body.command)
             job = Job(job_id=secrets.token_hex(8), sandbox_id=sandbox_id, command=command)
             if not body.wait:  # the caller only gets a job id: it must survive a crash of the service
                 await run_in_threadpool(self.manager.record_started, job.job_id, sandbox_id, command, job.created_at)
