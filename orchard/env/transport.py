@@ -100,6 +100,12 @@ def _parse_head(status_line: bytes, header_lines: list[bytes]) -> tuple[int, dic
     return int(parts[1]), headers, int(length)
 
 
+def _address(endpoint: AgentEndpoint) -> tuple[str, int, str]:
+    """Host and port (used when there is no socket path) and the Authorization value of an agent."""
+    url = urllib.parse.urlsplit(endpoint.url)
+    return url.hostname or "agent", url.port or 80, f"Bearer {endpoint.token}"
+
+
 class _Connection:
     """One keep-alive socket to the agent, with a buffered reader."""
 
@@ -136,9 +142,7 @@ class AgentChannel:
 
     def __init__(self, endpoint: AgentEndpoint, *, timeout: float | None = None):
         self.endpoint, self.timeout = endpoint, timeout
-        url = urllib.parse.urlsplit(endpoint.url)
-        self._host, self._port = url.hostname or "agent", url.port or 80
-        self._auth = f"Bearer {endpoint.token}"
+        self._host, self._port, self._auth = _address(endpoint)
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -186,9 +190,7 @@ class AsyncAgentChannel:
 
     def __init__(self, endpoint: AgentEndpoint, *, timeout: float | None = None):
         self.endpoint, self.timeout = endpoint, timeout
-        url = urllib.parse.urlsplit(endpoint.url)
-        self._host, self._port = url.hostname or "agent", url.port or 80
-        self._auth = f"Bearer {endpoint.token}"
+        self._host, self._port, self._auth = _address(endpoint)
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self._closed = False
 

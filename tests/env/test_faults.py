@@ -51,10 +51,7 @@ def test_a_blocked_sandbox_reaches_no_engine_no_host_and_no_other_agent(client, 
         # the host's loopback is not the sandbox's: nothing of the host listens there
         probe = "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 22), 1)'"
         assert box.exec(probe).exit_code != 0
-        assert (
-            "unreachable"
-            in box.exec("python3 -c 'import socket; socket.create_connection((\"10.0.0.1\", 80), 1)'").stderr.lower()
-        )
+        assert box.exec("tail -n +2 /proc/net/route").stdout == ""  # no route anywhere: nothing can leave
 
 
 def test_agent_killed_inside_its_sandbox(client, base_image, docker_client):
