@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -285,6 +286,28 @@ def sandbox_exec(
     if result.exit_code is None:
         raise OrchardError(result.error or "the command could not run")
     raise typer.Exit(result.exit_code)
+
+
+@command(sandbox_app, "shell")
+def sandbox_shell(
+    sandbox_id: Annotated[str, typer.Argument(help="Sandbox id.")],
+    command_line: Annotated[
+        list[str] | None, typer.Argument(metavar="[COMMAND...]", help="What to run (default: an interactive shell).")
+    ] = None,
+    cwd: Annotated[str | None, typer.Option(help="Working directory (default /workspace).")] = None,
+    login: Annotated[bool, typer.Option("--login", help="Start a login shell.")] = False,
+) -> None:
+    """An interactive terminal in a sandbox; exits with its process's exit code."""
+    from orchard.env.pty import attach_terminal
+
+    if not os.isatty(0):
+        raise OrchardError("stdin is not a terminal; use `orchard sandbox exec` to run commands from a script")
+    size = shutil.get_terminal_size()
+    with _service_client() as client:
+        box = client.attach(sandbox_id)
+        with box.terminal(command_line or None, rows=size.lines, cols=size.columns, cwd=cwd, login_shell=login) as term:
+            code = attach_terminal(term)
+    raise typer.Exit(code if code >= 0 else 128 - code)
 
 
 @command(sandbox_app, "ls")

@@ -79,9 +79,10 @@ DEFAULT_MOUNT = "/.orchard"
 MANIFEST = "bundle.json"
 EXTRA_LIBRARIES = ("libgcc_s.so.1",)
 """Loaded with dlopen by glibc (thread cancellation/exit), so `ldd` does not list them."""
-LAZY_MODULES = ["encodings.ascii", "encodings.latin_1", "encodings.utf_8", "gzip", "traceback"]
+LAZY_MODULES = ["encodings.ascii", "encodings.latin_1", "encodings.utf_8", "fcntl", "gzip", "termios", "traceback"]
 """Imported only when needed by code paths an agent hits: the common codecs, `tarfile.open`
-with "r:*" (gzip), `socketserver`'s error handler (traceback). Bundled with their closure."""
+with "r:*" (gzip), `socketserver`'s error handler (traceback), the terminal of ``/pty`` (fcntl,
+termios). Bundled with their closure."""
 STALE_BUILD_S = 3600
 """A temporary build folder older than this is a crashed builder's leftover, safe to remove."""
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)

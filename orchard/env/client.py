@@ -50,6 +50,7 @@ from orchard.env.calls import (
     send,
 )
 from orchard.env.manager import SandboxInfo, SandboxManager, agent_http, async_agent_http
+from orchard.env.pty import AgentFrames, Frames, ServiceFrames, Terminal, init_frame
 from orchard.env.transport import AsyncAgentChannel, AsyncHttpxChannel, HttpxChannel
 from orchard.errors import AgentError, ConfigError, InvalidRequest, SandboxError
 
@@ -81,11 +82,13 @@ class Sandbox:
         on_delete: Callable[[str], None],
         on_exec: Callable[[str, str, ExecResult, float], None] | None = None,
         owns_http: bool = True,
+        frames: Callable[[], Frames] | None = None,
     ):
         self.id = sandbox_id
         self.image = image
         self._http, self._calls, self._on_delete, self._on_exec = http, calls, on_delete, on_exec
         self._owns_http = owns_http
+        self._frames = frames
         self._deleted = False
 
     def exec(
@@ -149,6 +152,32 @@ class Sandbox:
         """`git apply` a unified diff in /workspace."""
         return self._send(self._calls.apply_patch(patch, timeout))
 
+    def terminal(
+        self,
+        cmd: Sequence[str] | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        login_shell: bool = False,
+    ) -> Terminal:
+        """Start `cmd` (default: an interactive shell) on a pseudo-terminal; read it until `exit`.
+
+        The process ends when the terminal is closed (TERM), or with the connection.
+        """
+        if self._deleted:
+            raise SandboxError(f"sandbox {self.id} was deleted")
+        if self._frames is None:
+            raise ConfigError("this sandbox handle cannot open terminals")
+        frames = self._frames()
+        try:
+            frames.send(init_frame(cmd, rows=rows, cols=cols, env=env, cwd=cwd, login_shell=login_shell))
+        except BaseException:
+            frames.close()
+            raise
+        return Terminal(frames)
+
     def delete(self) -> None:
         """Delete the sandbox; idempotent (a failed delete may be retried)."""
         if self._deleted:
@@ -185,6 +214,7 @@ class Client:
         db_url: str | None = None,
     ):
         self.url = url or settings().service_url
+        self._api_key = api_key
         self._lock = threading.Lock()
         self._mine: dict[str, Sandbox] = {}
         self._closed = False
@@ -265,7 +295,17 @@ class Client:
             with self._lock:
                 mine = self._mine.get(sandbox_id)
             return mine or self._direct(self._manager.get(sandbox_id))
-        return Sandbox(sandbox_id, "", self._http, ServiceCalls(sandbox_id), self._forget_remote, owns_http=False)
+        assert self.url is not None
+        url, key = self.url, _auth_headers(self.url, self._api_key).get("X-API-Key")
+        return Sandbox(
+            sandbox_id,
+            "",
+            self._http,
+            ServiceCalls(sandbox_id),
+            self._forget_remote,
+            owns_http=False,
+            frames=lambda: ServiceFrames(url, sandbox_id, key),
+        )
 
     def list(self) -> list[dict]:
         """Live sandboxes (of this client when embedded; of the service when remote)."""
@@ -305,6 +345,7 @@ class Client:
 
     def _direct(self, info: SandboxInfo) -> Sandbox:
         assert info.endpoint is not None and self._manager is not None
+        endpoint = info.endpoint
         return Sandbox(
             info.sandbox_id,
             info.spec.image,
@@ -312,6 +353,7 @@ class Client:
             AgentCalls(),
             self._forget_local,
             on_exec=self._manager.record_exec,
+            frames=lambda: AgentFrames(endpoint),
         )
 
     def _forget_local(self, sandbox_id: str) -> None:

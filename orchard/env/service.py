@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, StrictStr, field_validator
@@ -46,6 +46,7 @@ from orchard.config import settings
 from orchard.env.backends.base import SANDBOX_ID, SandboxSpec, check_sandbox_id, parse_memory
 from orchard.env.calls import AgentCalls, ExecResult, asend, command_text
 from orchard.env.manager import SandboxInfo, SandboxManager, async_agent_http, new_sandbox_id
+from orchard.env.pty import open_agent_relay
 from orchard.env.transport import AsyncAgentChannel
 from orchard.errors import (
     AgentError,
@@ -572,6 +573,25 @@ def create_app(service: Service) -> FastAPI:
     async def wait_job(job_id: str, timeout: Annotated[float, Query(ge=0)] = 300.0) -> Response:
         return JSONResponse((await service.wait_job(job_id, timeout)).public())
 
+    @app.websocket("/sandboxes/{sandbox_id}/exec/pty")
+    async def pty(websocket: WebSocket, sandbox_id: str) -> None:
+        key, subprotocol = websocket.query_params.get("api_key"), None
+        for offered in websocket.scope.get("subprotocols", []):
+            if offered.startswith("api_key."):
+                key, subprotocol = offered.removeprefix("api_key."), offered
+        if service.api_key is not None and not (key and hmac.compare_digest(key.encode(), service.api_key.encode())):
+            await websocket.close(code=1008, reason="missing or wrong API key")  # HTTP 403 to the handshake
+            return
+        await websocket.accept(subprotocol=subprotocol)
+        try:
+            agent = await service.agent(sandbox_id)
+            reader, writer = await open_agent_relay(agent.endpoint)
+        except OrchardError as exc:
+            await websocket.send_json({"type": "error", "message": str(exc)})
+            await websocket.close()
+            return
+        await relay_terminal(websocket, reader, writer)
+
     @app.post("/sandboxes/{sandbox_id}/apply_patch", dependencies=keyed)
     async def apply_patch(sandbox_id: str, body: PatchBody) -> dict:
         agent = await service.agent(sandbox_id)
@@ -613,6 +633,42 @@ def create_app(service: Service) -> FastAPI:
         return await asend(await service.agent(sandbox_id), AgentCalls().put_archive(path, tar))
 
     return app
+
+
+async def relay_terminal(websocket: WebSocket, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Relay PTY frames: WebSocket messages from the client, JSON lines from the agent.
+
+    A client that goes away closes the agent's connection, which ends the process.
+    """
+
+    async def to_agent() -> None:
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                raw = message.get("bytes") or (message.get("text") or "").encode()
+                writer.write(raw.replace(b"\n", b"") + b"\n")  # valid JSON has no raw newline in strings
+                await writer.drain()
+        except (OSError, WebSocketDisconnect):
+            return
+        finally:
+            writer.close()
+
+    async def to_client() -> None:
+        with contextlib.suppress(OSError, WebSocketDisconnect, RuntimeError):
+            while line := await reader.readline():
+                await websocket.send_text(line.decode("utf-8", "replace"))
+            await websocket.close()
+
+    client = asyncio.ensure_future(to_agent())
+    try:
+        await to_client()
+    finally:
+        client.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await client
+        writer.close()
 
 
 class RefuseHugeBodies:

@@ -1,0 +1,317 @@
+"""Interactive terminals in sandboxes: the PTY frames, their two transports and a terminal loop.
+
+A terminal speaks the JSON frames of `ORCHARD_ENV_API.md` (client: `init`, `stdin`, `signal`,
+`resize`, `close`; server: `ready`, `stdout`, `exit`, `error`). Straight to an agent they travel
+one per line over an upgraded HTTP connection (`POST /pty`, `Upgrade: orchard-pty`); through the
+service, one per WebSocket message on `/sandboxes/{id}/exec/pty`. The service only relays them.
+`Terminal` hides which one is used; `attach_terminal` wires one to the user's terminal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import urllib.parse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from orchard.errors import AgentError, InvalidRequest
+
+if TYPE_CHECKING:
+    from orchard.env.backends.base import AgentEndpoint
+
+UPGRADE = "orchard-pty"
+MAX_FRAME = 1024 * 1024
+
+
+def init_frame(
+    cmd: Sequence[str] | None = None,
+    *,
+    rows: int = 24,
+    cols: int = 80,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    login_shell: bool = False,
+) -> dict[str, Any]:
+    """The first frame: what to run (None: an interactive shell) and the terminal's size."""
+    return {
+        "type": "init",
+        "cmd": None if cmd is None else list(cmd),
+        "env": env or {},
+        "cwd": cwd,
+        "rows": rows,
+        "cols": cols,
+        "login_shell": login_shell,
+    }
+
+
+class Frames(Protocol):
+    """One of the two transports of PTY frames."""
+
+    def send(self, frame: dict[str, Any]) -> None: ...
+    def recv(self) -> dict[str, Any] | None: ...
+    def close(self) -> None: ...
+
+
+class Terminal:
+    """A process on a pseudo-terminal in a sandbox. Read its frames with `recv` until `exit`."""
+
+    def __init__(self, frames: Frames):
+        self._frames = frames
+        self.pid: int | None = None
+        self.exit_code: int | None = None
+
+    def write(self, data: bytes | str) -> None:
+        """Type into the terminal."""
+        raw = data.encode() if isinstance(data, str) else data
+        self._frames.send({"type": "stdin", "data": base64.b64encode(raw).decode()})
+
+    def resize(self, rows: int, cols: int) -> None:
+        self._frames.send({"type": "resize", "rows": rows, "cols": cols})
+
+    def signal(self, sig: str) -> None:
+        """Send TERM, KILL, INT, HUP or QUIT to the terminal's process group."""
+        self._frames.send({"type": "signal", "sig": sig})
+
+    def recv(self) -> dict[str, Any] | None:
+        """The next frame from the sandbox (None once the connection is closed)."""
+        frame = self._frames.recv()
+        if frame is not None:
+            if frame.get("type") == "ready":
+                self.pid = frame.get("pid")
+            elif frame.get("type") == "exit":
+                self.exit_code = frame.get("code")
+        return frame
+
+    def read_until(self, needle: bytes, limit: int = 1 << 20) -> bytes:
+        """Output up to and including `needle` (raises AgentError if the process ends first)."""
+        seen = b""
+        while needle not in seen:
+            frame = self.recv()
+            if frame is None or frame["type"] in ("exit", "error"):
+                raise AgentError(f"the terminal ended before {needle!r} appeared; output: {seen[-500:]!r}")
+            if frame["type"] == "stdout":
+                seen += base64.b64decode(frame["data"])
+            if len(seen) > limit:
+                raise AgentError(f"{needle!r} did not appear in {limit} bytes of output")
+        return seen
+
+    def wait(self) -> int | None:
+        """Read (and drop) output until the process exits; its exit code."""
+        while self.exit_code is None:
+            frame = self.recv()
+            if frame is None:
+                break
+            if frame["type"] == "error":
+                raise AgentError(f"terminal failed: {frame.get('message')}")
+        return self.exit_code
+
+    def close(self) -> None:
+        """End the process (TERM) and the connection."""
+        with contextlib.suppress(OSError, AgentError):
+            self._frames.send({"type": "close"})
+        self._frames.close()
+
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _upgrade_request(auth: str) -> bytes:
+    return (
+        f"POST /pty HTTP/1.1\r\nHost: agent\r\nAuthorization: {auth}\r\nConnection: Upgrade\r\n"
+        f"Upgrade: {UPGRADE}\r\nContent-Length: 0\r\n\r\n"
+    ).encode("latin-1")
+
+
+def _refusal(status_line: bytes, body: bytes) -> AgentError:
+    try:
+        message = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        message = body[:200].decode("utf-8", "replace") or status_line.decode("latin-1").strip()
+    return AgentError(f"the agent refused the terminal: {message}")
+
+
+class AgentFrames:
+    """Frames as JSON lines on an upgraded connection to an agent (blocking)."""
+
+    def __init__(self, endpoint: AgentEndpoint, timeout: float = 10.0):
+        url = urllib.parse.urlsplit(endpoint.url)
+        try:
+            if endpoint.uds:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.settimeout(timeout)
+                self.sock.connect(endpoint.uds)
+            else:
+                self.sock = socket.create_connection((url.hostname or "agent", url.port or 80), timeout=timeout)
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.reader = self.sock.makefile("rb")
+            self.sock.sendall(_upgrade_request(f"Bearer {endpoint.token}"))
+            status_line, length = self.reader.readline(), 0
+            while (line := self.reader.readline()) not in (b"\r\n", b"\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "content-length" and value.strip().isdigit():
+                    length = int(value)
+        except OSError as exc:
+            raise AgentError(f"no answer from the sandbox's agent: {exc}") from exc
+        if status_line.split(b" ")[1:2] != [b"101"]:
+            body = self.reader.read(length) if length else b""
+            self.close()
+            raise _refusal(status_line, body)
+        self.sock.settimeout(None)
+        self._lock = threading.Lock()
+
+    def send(self, frame: dict[str, Any]) -> None:
+        data = json.dumps(frame, separators=(",", ":")).encode() + b"\n"
+        try:
+            with self._lock:
+                self.sock.sendall(data)
+        except OSError as exc:
+            raise AgentError(f"the terminal's connection is closed: {exc}") from exc
+
+    def recv(self) -> dict[str, Any] | None:
+        try:
+            line = self.reader.readline(MAX_FRAME)
+        except OSError:
+            return None
+        return json.loads(line) if line.strip() else None
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+class ServiceFrames:
+    """Frames as WebSocket messages to an `orchard up` service (blocking)."""
+
+    def __init__(self, url: str, sandbox_id: str, api_key: str | None, timeout: float = 10.0):
+        from websockets.exceptions import InvalidHandshake, InvalidStatus
+        from websockets.sync.client import connect
+
+        parts = urllib.parse.urlsplit(url)
+        scheme = "wss" if parts.scheme == "https" else "ws"
+        ws_url = urllib.parse.urlunsplit(
+            (scheme, parts.netloc, f"{parts.path.rstrip('/')}/sandboxes/{sandbox_id}/exec/pty", "", "")
+        )
+        protocols = [f"api_key.{api_key}"] if api_key else None
+        self._stack = contextlib.ExitStack()
+        try:
+            self.ws = self._stack.enter_context(
+                connect(ws_url, subprotocols=protocols, open_timeout=timeout, max_size=MAX_FRAME)  # type: ignore[arg-type]
+            )
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            if status in (401, 403):
+                raise InvalidRequest(
+                    f"the service refused the API key (HTTP {status}); check ORCHARD_API_KEY"
+                ) from None
+            raise AgentError(f"the service refused the terminal (HTTP {status})") from None
+        except (OSError, InvalidHandshake, TimeoutError) as exc:
+            raise AgentError(f"could not open a terminal through {url}: {exc}") from exc
+
+    def send(self, frame: dict[str, Any]) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            self.ws.send(json.dumps(frame))
+        except ConnectionClosed as exc:
+            raise AgentError(f"the terminal's connection is closed: {exc}") from exc
+
+    def recv(self) -> dict[str, Any] | None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            return json.loads(self.ws.recv())
+        except ConnectionClosed:
+            return None
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+async def open_agent_relay(endpoint: AgentEndpoint) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """An upgraded connection to an agent's `/pty`, for the service to relay frames over."""
+    url = urllib.parse.urlsplit(endpoint.url)
+    try:
+        if endpoint.uds:
+            reader, writer = await asyncio.open_unix_connection(endpoint.uds, limit=MAX_FRAME)
+        else:
+            reader, writer = await asyncio.open_connection(url.hostname, url.port or 80, limit=MAX_FRAME)
+        writer.write(_upgrade_request(f"Bearer {endpoint.token}"))
+        status_line = await reader.readline()
+        length = 0
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-length" and value.strip().isdigit():
+                length = int(value)
+    except OSError as exc:
+        raise AgentError(f"no answer from the sandbox's agent: {exc}") from exc
+    if status_line.split(b" ")[1:2] != [b"101"]:
+        body = await reader.read(length) if length else b""
+        writer.close()
+        raise _refusal(status_line, body)
+    return reader, writer
+
+
+def attach_terminal(terminal: Terminal, stdin_fd: int = 0, out: Any = None) -> int:
+    """Wire `terminal` to this process's terminal (raw mode, resizes) until it exits; its exit code.
+
+    The terminal must already have been sent its init frame, and `stdin_fd` must be a terminal.
+    """
+    import termios
+    import tty
+
+    out = out or sys.stdout.buffer
+    wake_r, wake_w = os.pipe()
+    saved = termios.tcgetattr(stdin_fd)
+    tty.setraw(stdin_fd, termios.TCSANOW)  # keep what was typed ahead
+
+    def on_resize(_signum: int, _frame: object) -> None:
+        size = os.get_terminal_size(stdin_fd)
+        with contextlib.suppress(AgentError):
+            terminal.resize(size.lines, size.columns)
+
+    previous = signal.signal(signal.SIGWINCH, on_resize)
+    failure: list[str] = []
+
+    def pump_output() -> None:
+        try:
+            while (frame := terminal.recv()) is not None and frame["type"] != "exit":
+                if frame["type"] == "stdout":
+                    out.write(base64.b64decode(frame["data"]))
+                    out.flush()
+                elif frame["type"] == "error":
+                    failure.append(str(frame.get("message")))
+        finally:
+            os.write(wake_w, b"x")
+
+    reader = threading.Thread(target=pump_output, name="terminal-output", daemon=True)
+    reader.start()
+    try:
+        while wake_r not in select.select([wake_r, stdin_fd], [], [])[0]:
+            data = os.read(stdin_fd, 4096)
+            if not data:
+                break
+            with contextlib.suppress(AgentError):
+                terminal.write(data)
+    finally:
+        signal.signal(signal.SIGWINCH, previous)
+        termios.tcsetattr(stdin_fd, termios.TCSADRAIN, saved)
+        os.close(wake_r)
+        os.close(wake_w)
+    reader.join(timeout=1.0)
+    if failure:
+        raise AgentError(f"terminal failed: {failure[0]}")
+    if terminal.exit_code is None:
+        raise AgentError("the terminal's connection closed before its process exited")
+    return terminal.exit_code
