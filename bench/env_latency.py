@@ -8,6 +8,7 @@ For each command (`true`, `echo hi`, `ls /`, 1 MB of output) it measures, in the
 * Orchard's SDK straight to the injected agent (Unix socket, keep-alive), one shell per command;
 * Orchard's SDK in a persistent shell session (`exec(..., session=...)`: state kept, no new shell);
 * Orchard's SDK through an `orchard up` service on loopback (its own process, as users run it);
+* Orchard's SDK straight to the agent of a sandbox under gVisor (`runsc`), if the engine has it;
 * the floors: a bare, minimal stdlib HTTP/1.1 keep-alive server in the same container, asked with a
   bare `http.client` over its own Unix socket, running the command as the agent does
   (`bash -c`), and the same server feeding one persistent bash (the floor of session mode).
@@ -39,7 +40,7 @@ import httpx
 
 from orchard.config import BASE_IMAGE, settings
 from orchard.env import Client
-from orchard.env.backends.docker import AGENT_MOUNT, RUN_MOUNT
+from orchard.env.backends.docker import AGENT_MOUNT, RUN_MOUNT, DockerConfig
 
 COMMANDS = {
     "true": "true",
@@ -166,10 +167,16 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
 
     url, stop_service = start_service()
     results: dict[str, dict[str, list[float]]] = {name: {} for name in COMMANDS}
+    has_runsc = "runsc" in (docker.from_env().info().get("Runtimes") or {})
     try:
-        with Client() as embedded, Client(url=url, api_key="bench") as remote:
+        with (
+            Client() as embedded,
+            Client(url=url, api_key="bench") as remote,
+            Client(backend=DockerConfig(runtime="runsc" if has_runsc else None)) as gvisor,
+        ):
             box = embedded.create(args.image)
             via = remote.create(args.image)
+            gbox = gvisor.create(args.image) if has_runsc else None
             floor = start_floor(box, box.id)
             container = docker.from_env().containers.get(f"orchard-{box.id}")
             for name, command in COMMANDS.items():
@@ -180,6 +187,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
                     "floor: bare persistent bash": floor_call(floor, "/shell", command),
                     "orchard SDK, shell session": lambda c=command: box.exec(c, session="bench"),
                     "orchard SDK, via orchard up": lambda c=command: via.exec(c),
+                    **({"orchard SDK, direct, gVisor": lambda c=command: gbox.exec(c)} if gbox else {}),
                     "docker SDK exec_run": lambda c=command: container.exec_run(["bash", "-c", c]),
                     "docker exec CLI": lambda c=command: subprocess.run(
                         ["docker", "exec", container.name, "bash", "-c", c], stdout=subprocess.DEVNULL, check=True
@@ -236,6 +244,8 @@ def report(results: dict[str, dict[str, list[float]]]) -> list[str]:
             ),
             ("service - direct (<= 2 ms)", p50["orchard SDK, via orchard up"] - direct, None),
         ]
+        if "orchard SDK, direct, gVisor" in p50:
+            print(f"  gVisor / runc, direct{'':<29} {p50['orchard SDK, direct, gVisor'] / direct:>7.2f}x  (no target)")
         for label, value, ok in targets:
             limit = 1.5 if "<= 1.5x" in label else 2.0
             ok = value <= limit if ok is None else ok

@@ -85,6 +85,9 @@ def up(
         typer.Option(envvar="ORCHARD_API_KEY", help="API key (default: one stored in ORCHARD_HOME)."),
     ] = None,
     backend: Annotated[str, typer.Option(help="Where sandboxes run.")] = "docker",
+    runtime: Annotated[
+        str | None, typer.Option(help="OCI runtime of the Docker engine, e.g. runsc for gVisor.")
+    ] = None,
     foreground: Annotated[bool, typer.Option("--foreground", help="Run in this terminal until Ctrl-C.")] = False,
     pool: Annotated[
         list[str] | None, typer.Option(help="Keep sandboxes of IMAGE started: IMAGE=SIZE (repeatable).")
@@ -102,12 +105,12 @@ def up(
         return
     key = api_key or load_or_create_key()
     if foreground:
-        serve(host, port, backend=backend, api_key=key, pools=pool)
+        serve(host, port, backend=backend, runtime=runtime, api_key=key, pools=pool)
         return
-    _start_in_background(host, port, backend, key, pool or [])
+    _start_in_background(host, port, backend, runtime, key, pool or [])
 
 
-def _start_in_background(host: str, port: int, backend: str, key: str, pools: list[str]) -> None:
+def _start_in_background(host: str, port: int, backend: str, runtime: str | None, key: str, pools: list[str]) -> None:
     home = settings().home
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / "service.log"
@@ -122,7 +125,7 @@ def _start_in_background(host: str, port: int, backend: str, key: str, pools: li
         "--backend",
         backend,
     ]
-    argv += [f"--pool={each}" for each in pools]
+    argv += [f"--pool={each}" for each in pools] + ([f"--runtime={runtime}"] if runtime else [])
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             argv,

@@ -38,6 +38,17 @@ def docker_client():
 
 
 @pytest.fixture(scope="session")
+def runsc(docker_client) -> str:
+    """The engine's gVisor runtime; without one, skip locally but fail in CI."""
+    if "runsc" not in (docker_client.info().get("Runtimes") or {}):
+        message = "the Docker engine has no runsc runtime; `./dev engine` registers it"
+        if IN_CI:
+            pytest.fail(message + " — CI must run the gVisor tests, not skip them")
+        pytest.skip(message)
+    return "runsc"
+
+
+@pytest.fixture(scope="session")
 def base_image(docker_client) -> str:
     """The offline-built Debian base image (python3, git, bash), built once if missing."""
     from orchard.env import images

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from orchard.config import settings
+from orchard.env.backends import BackendConfig
 from orchard.env.backends.base import Network, SandboxSpec, parse_memory
 from orchard.env.calls import (
     AgentCalls,
@@ -210,7 +211,7 @@ class Client:
         url: str | None = None,
         api_key: str | None = None,
         *,
-        backend: str = "docker",
+        backend: str | BackendConfig = "docker",
         db_url: str | None = None,
     ):
         self.url = url or settings().service_url
@@ -476,7 +477,7 @@ class AsyncClient:
         url: str | None = None,
         api_key: str | None = None,
         *,
-        backend: str = "docker",
+        backend: str | BackendConfig = "docker",
         db_url=None,
     ):
         self.url = url or settings().service_url

@@ -43,6 +43,7 @@ from starlette.concurrency import run_in_threadpool
 
 from orchard import __version__
 from orchard.config import settings
+from orchard.env.backends import DockerConfig, backend_config
 from orchard.env.backends.base import SANDBOX_ID, SandboxSpec, check_sandbox_id, parse_memory
 from orchard.env.calls import AgentCalls, ExecResult, asend, command_text
 from orchard.env.manager import SandboxInfo, SandboxManager, async_agent_http, new_sandbox_id
@@ -764,6 +765,7 @@ def serve(
     port: int = 8765,
     *,
     backend: str = "docker",
+    runtime: str | None = None,
     api_key: str | None = None,
     pools: list[str] | None = None,
 ) -> None:
@@ -775,7 +777,12 @@ def serve(
 
     key = api_key or load_or_create_key()
     wanted = [parse_pool(p) for p in pools or []]
-    manager = SandboxManager(backend, owner=None)
+    where = backend_config(backend)
+    if runtime is not None:
+        if not isinstance(where, DockerConfig):
+            raise ConfigError(f"--runtime is an option of the docker backend, not of {backend!r}")
+        where.runtime = runtime
+    manager = SandboxManager(where, owner=None)
     for image, size in wanted:
         manager.pools.warm(spec_of(CreateSandbox(image=image)), size)
     service = Service(manager, key)
@@ -817,9 +824,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--backend", default="docker")
+    parser.add_argument("--runtime", help="OCI runtime of the Docker engine, e.g. runsc for gVisor")
     parser.add_argument("--pool", action="append", default=[], metavar="IMAGE=SIZE")
     args = parser.parse_args(argv)
-    serve(args.host, args.port, backend=args.backend, pools=args.pool)
+    serve(args.host, args.port, backend=args.backend, runtime=args.runtime, pools=args.pool)
 
 
 if __name__ == "__main__":

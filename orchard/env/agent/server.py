@@ -1576,7 +1576,8 @@ def _bind_unix(path: str) -> UnixAgentServer:
     """Bind and listen on a temporary name, chmod 0666, then rename it onto ``path``.
 
     The rename replaces a stale socket from an earlier run, and clients waiting for ``path`` to
-    appear always find a listening socket with its final mode.
+    appear always find a listening socket with its final mode. Where a socket on a host folder
+    can be neither chmodded nor renamed (gVisor's host-UDS), it is bound in place with mode 0666.
     """
     temp = f"{path}.new"
     _remove_socket(temp)
@@ -1584,6 +1585,13 @@ def _bind_unix(path: str) -> UnixAgentServer:
     try:
         os.chmod(temp, 0o666)
         os.replace(temp, path)
+    except PermissionError:  # a host socket that can only be bound (nor unlinked, nor stat-ed)
+        server.server_close()
+        mask = os.umask(0o111)
+        try:
+            return UnixAgentServer(path, AgentHandler)
+        finally:
+            os.umask(mask)
     except OSError:
         server.server_close()
         _remove_socket(temp)
@@ -1610,7 +1618,7 @@ def serve(config: AgentConfig, *, unix: str | None = None, tcp: tuple[str, int] 
 
 
 def _remove_socket(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError, PermissionError):
         os.unlink(path)
 
 

@@ -87,6 +87,7 @@ class DockerBackend:
             raise EngineUnavailable(
                 f"cannot reach the Docker engine ({_first_line(exc)}); start it (`./dev engine` or `dockerd &`)"
             ) from None
+        self._runtime_has_no_network = self._check_runtime(info.get("Runtimes") or {})
         self.route = self.config.route
         if self.route == "auto":
             self.route = "port" if info.get("OperatingSystem") == "Docker Desktop" else "socket"
@@ -94,6 +95,18 @@ class DockerBackend:
         self._run_root = _private_folder(settings().run_dir)
         self._loopback_hosts = _write_once(self._run_root / "hosts", LOOPBACK_HOSTS)
         self._api.trust_env = False  # no proxy look-up on every call to a local engine
+
+    def _check_runtime(self, runtimes: dict[str, dict]) -> bool:
+        """Refuse a runtime the engine lacks; True when it is registered with no network at all."""
+        runtime = self.config.runtime
+        if runtime is None:
+            return False
+        if runtime not in runtimes:
+            raise ConfigError(
+                f"the Docker engine has no runtime {runtime!r} (it has {', '.join(sorted(runtimes)) or 'none'}); "
+                "register it in /etc/docker/daemon.json (`./dev engine` does it for runsc)"
+            )
+        return "--network=none" in (runtimes[runtime].get("runtimeArgs") or [])
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -106,6 +119,11 @@ class DockerBackend:
             raise ConfigError(
                 "network 'blocked' needs the socket route; this engine only allows a published "
                 "port (Docker Desktop): create the sandbox with network 'open'"
+            )
+        if self._runtime_has_no_network and spec.network == "open":
+            raise ConfigError(
+                f"the engine's {self.config.runtime!r} runtime is registered with --network=none, so its "
+                "sandboxes can only have network 'blocked'"
             )
         run_dir = self._run_dir(sandbox_id)
         try:
