@@ -152,6 +152,8 @@ def raise_for_status(response: Response) -> None:
         raise Conflict(message)
     if status in (400, 405, 413, 422):
         raise InvalidRequest(message)
+    if status == 507:
+        raise SandboxError(message)
     raise AgentError(f"HTTP {status}: {message}")
 
 

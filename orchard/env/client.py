@@ -235,6 +235,8 @@ class Client:
         network: Network = "blocked",
         cpu: float | None = None,
         memory: str | int | None = None,
+        disk: str | int | None = None,
+        tmpfs: dict[str, str | int] | None = None,
         ttl: float = 7200.0,
         env: dict[str, str] | None = None,
         sandbox_id: str | None = None,
@@ -250,7 +252,9 @@ class Client:
         self._check_open()
         if keep and self._manager is not None:
             raise ConfigError("keep=True needs an `orchard up` service; embedded sandboxes end with their process")
-        spec = make_spec(image, network=network, cpu=cpu, memory=memory, ttl=ttl, env=env, run_id=run_id)
+        spec = make_spec(
+            image, network=network, cpu=cpu, memory=memory, disk=disk, tmpfs=tmpfs, ttl=ttl, env=env, run_id=run_id
+        )
         if self._manager is not None:
             if sandbox_id is None:
                 info = self._manager.acquire(spec, timeout=timeout)
@@ -499,6 +503,8 @@ class AsyncClient:
         network: Network = "blocked",
         cpu: float | None = None,
         memory: str | int | None = None,
+        disk: str | int | None = None,
+        tmpfs: dict[str, str | int] | None = None,
         ttl: float = 7200.0,
         env: dict[str, str] | None = None,
         sandbox_id: str | None = None,
@@ -508,7 +514,9 @@ class AsyncClient:
         """Start a sandbox from `image` and return it once its agent answers."""
         if self._closed:
             raise SandboxError("this client is closed; create a new AsyncClient")
-        spec = make_spec(image, network=network, cpu=cpu, memory=memory, ttl=ttl, env=env, run_id=run_id)
+        spec = make_spec(
+            image, network=network, cpu=cpu, memory=memory, disk=disk, tmpfs=tmpfs, ttl=ttl, env=env, run_id=run_id
+        )
         if self._manager is not None:
             manager = self._manager
             if sandbox_id is None:
@@ -587,6 +595,8 @@ def make_spec(
     network: Network = "blocked",
     cpu: float | None = None,
     memory: str | int | None = None,
+    disk: str | int | None = None,
+    tmpfs: dict[str, str | int] | None = None,
     ttl: float = 7200.0,
     env: dict[str, str] | None = None,
     run_id: str | None = None,
@@ -600,11 +610,25 @@ def make_spec(
         raise InvalidRequest(f"cpu must be a positive number of cores, not {cpu}")
     if not (math.isfinite(ttl) and ttl > 0):
         raise InvalidRequest(f"ttl must be positive seconds, not {ttl}")
+    folders: dict[str, int] = {}
+    for path, size in (tmpfs or {}).items():
+        if (
+            not isinstance(path, str)
+            or not path.startswith("/")
+            or path.rstrip("/") in ("", "/.orchard", "/.orchard-run")
+        ):
+            raise InvalidRequest(f"tmpfs path {path!r} must be an absolute folder other than / and Orchard's own")
+        parsed = parse_memory(size)
+        if not parsed:
+            raise InvalidRequest(f"tmpfs {path} needs a size such as 512Mi, not {size!r}")
+        folders[path] = parsed
     return SandboxSpec(
         image=image,
         network=network,
         cpu=cpu,
         memory_bytes=parse_memory(memory),
+        disk_bytes=parse_memory(disk),
+        tmpfs=folders,
         ttl=ttl,
         env=dict(env or {}),
         run_id=run_id,
@@ -616,12 +640,16 @@ def service_body(spec: SandboxSpec, sandbox_id: str | None) -> dict:
     body: dict[str, Any] = {
         "image": spec.image,
         "block_network": spec.network == "blocked",
-        "timeout": int(spec.ttl),
+        "ttl": math.ceil(spec.ttl),
     }
     if spec.cpu:
         body["cpu"] = str(spec.cpu)
     if spec.memory_bytes:
         body["memory"] = str(spec.memory_bytes)
+    if spec.disk_bytes:
+        body["disk"] = str(spec.disk_bytes)
+    if spec.tmpfs:
+        body["tmpfs"] = {path: str(size) for path, size in spec.tmpfs.items()}
     if sandbox_id:
         body["sandbox_id"] = sandbox_id
     if spec.env:

@@ -46,6 +46,7 @@ from orchard.config import settings
 from orchard.env.backends import DockerConfig, backend_config
 from orchard.env.backends.base import SANDBOX_ID, SandboxSpec, check_sandbox_id, parse_memory
 from orchard.env.calls import AgentCalls, ExecResult, asend, command_text
+from orchard.env.client import make_spec
 from orchard.env.manager import SandboxInfo, SandboxManager, async_agent_http, new_sandbox_id
 from orchard.env.pty import open_agent_relay
 from orchard.env.transport import AsyncAgentChannel
@@ -82,6 +83,8 @@ class CreateSandbox(BaseModel):
     cpu: str = "4"
     memory: str = "16Gi"
     timeout: int = Field(default=3600, gt=0, description="Seconds; a sandbox not ready within timeout + 600 is reaped.")
+    disk: StrictStr | None = Field(default=None, description="Extension: cap on filesystem writes, e.g. 10Gi.")
+    tmpfs: dict[StrictStr, StrictStr] | None = Field(default=None, description="Extension: in-memory folders.")
     ttl: int = Field(default=7200, gt=0, description="Extension: seconds until the sandbox is reaped.")
     env: dict[StrictStr, StrictStr] | None = Field(default=None, description="Extension: environment of commands.")
     run_id: StrictStr | None = Field(default=None, description="Extension: the run it belongs to.")
@@ -428,15 +431,17 @@ class Service:
 
 def spec_of(body: CreateSandbox) -> SandboxSpec:
     """The spec a create body asks for; requests above what this host has are clamped."""
-    return SandboxSpec(
-        image=body.image,
+    spec = make_spec(
+        body.image,
         network="blocked" if body.block_network else "open",
-        cpu=min(float(body.cpu), float(os.cpu_count() or 1)),
-        memory_bytes=min(parse_memory(body.memory) or 0, host_memory()),
+        disk=body.disk,
+        tmpfs=dict(body.tmpfs or {}),
         ttl=float(body.ttl),
         env=dict(body.env or {}),
         run_id=body.run_id,
     )
+    cpu = min(float(body.cpu), float(os.cpu_count() or 1))
+    return dataclasses.replace(spec, cpu=cpu, memory_bytes=min(parse_memory(body.memory) or 0, host_memory()))
 
 
 def host_memory() -> int:

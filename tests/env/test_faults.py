@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from orchard.errors import AgentError, EngineUnavailable
+from orchard.errors import AgentError, ConfigError, EngineUnavailable, SandboxError
 
 pytestmark = pytest.mark.docker
 
@@ -41,6 +41,27 @@ def test_fork_storm_stays_in_its_sandbox(client, base_image):
             assert bystander.exec("echo unharmed").stdout == "unharmed\n"
         finally:
             client._manager.delete(storm.sandbox_id)
+
+
+def test_filling_a_capped_folder_stops_there(client, base_image, docker_client):
+    """The engine here (overlay2 on ext4) cannot cap the writable layer: `disk=` is refused with
+    the reason and nothing is started; a capped in-memory folder is filled instead."""
+    before = {c.id for c in docker_client.containers.list(all=True)}
+    driver = docker_client.info()["Driver"]
+    if "xfs" not in str(docker_client.info().get("DriverStatus")) and driver not in ("btrfs", "zfs"):
+        with pytest.raises(ConfigError, match="cannot cap a sandbox's disk: its storage driver is"):
+            client.create(base_image, disk="1Gi")
+        assert {c.id for c in docker_client.containers.list(all=True)} == before
+    with client.create(base_image, tmpfs={"/scratch": "16Mi"}, memory="256Mi") as box:
+        box.write_file("/workspace/kept.txt", "precious\n")
+        fill = box.exec("dd if=/dev/zero of=/scratch/fill bs=1M count=64", timeout=60)
+        assert fill.exit_code != 0 and "No space left on device" in fill.stderr
+        assert box.exec("du -m /scratch/fill | cut -f1").stdout.strip() in ("15", "16")
+        with pytest.raises(SandboxError, match="no space left in the sandbox"):
+            box.write_file("/scratch/more.bin", b"x" * 2**20)
+        assert box.read_file("/workspace/kept.txt") == b"precious\n"  # nothing else lost
+        box.exec("rm /scratch/fill")
+        assert box.write_file("/scratch/more.bin", b"x" * 2**20) == 2**20  # room again once freed
 
 
 def test_a_blocked_sandbox_reaches_no_engine_no_host_and_no_other_agent(client, base_image):

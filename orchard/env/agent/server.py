@@ -118,6 +118,7 @@ sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
 
 import base64  # noqa: E402
 import contextlib  # noqa: E402
+import errno  # noqa: E402
 import http.server  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
@@ -940,6 +941,12 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
         except PermissionError as exc:
             self.send_api_error(ApiError(403, f"permission denied: {exc.filename or exc}"))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                self.send_api_error(ApiError(500, f"internal error: {type(exc).__name__}: {exc}"))
+            else:
+                where = f" (writing {exc.filename})" if exc.filename else ""
+                self.send_api_error(ApiError(507, f"no space left in the sandbox{where}"))
         except Exception as exc:
             self.send_api_error(ApiError(500, f"internal error: {type(exc).__name__}: {exc}"))
 

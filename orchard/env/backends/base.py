@@ -39,6 +39,10 @@ class SandboxSpec:
     """Memory limit in bytes; None = no limit."""
     pids: int | None = 4096
     """Most processes at once (a fork bomb stops here)."""
+    disk_bytes: int | None = None
+    """Cap on what the sandbox writes to its filesystem, where the backend can cap it."""
+    tmpfs: dict[str, int] = field(default_factory=dict)
+    """In-memory folders (path: size cap in bytes); they count against the memory limit."""
     ttl: float = 7200.0
     """Seconds after which the reaper deletes the sandbox."""
     env: dict[str, str] = field(default_factory=dict)

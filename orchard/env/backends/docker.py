@@ -88,6 +88,7 @@ class DockerBackend:
                 f"cannot reach the Docker engine ({_first_line(exc)}); start it (`./dev engine` or `dockerd &`)"
             ) from None
         self._runtime_has_no_network = self._check_runtime(info.get("Runtimes") or {})
+        self._disk_cap = _disk_cap_support(info)
         self.route = self.config.route
         if self.route == "auto":
             self.route = "port" if info.get("OperatingSystem") == "Docker Desktop" else "socket"
@@ -125,6 +126,8 @@ class DockerBackend:
                 f"the engine's {self.config.runtime!r} runtime is registered with --network=none, so its "
                 "sandboxes can only have network 'blocked'"
             )
+        if spec.disk_bytes and self._disk_cap is not None:
+            raise ConfigError(f"this Docker engine cannot cap a sandbox's disk: {self._disk_cap}")
         run_dir = self._run_dir(sandbox_id)
         try:
             run_dir.mkdir(mode=0o777)
@@ -228,6 +231,8 @@ class DockerBackend:
             pids_limit=spec.pids,
             nano_cpus=int(spec.cpu * 1e9) if spec.cpu else None,
             mem_limit=spec.memory_bytes,
+            storage_opt={"size": str(spec.disk_bytes)} if spec.disk_bytes else None,
+            tmpfs={path: f"size={size},mode=1777" for path, size in spec.tmpfs.items()} or None,
             runtime=self.config.runtime,
         )
 
@@ -277,6 +282,21 @@ def _write_once(path: Path, text: str) -> Path:
     tmp.chmod(0o644)
     os.replace(tmp, path)
     return path
+
+
+def _disk_cap_support(info: dict) -> str | None:
+    """None if the engine can cap a container's writable layer (`storage-opt size`), else why not."""
+    driver = info.get("Driver", "")
+    status = dict(tuple(pair) for pair in info.get("DriverStatus") or [] if len(pair) == 2)
+    if driver in ("btrfs", "zfs", "windowsfilter"):
+        return None
+    if driver in ("overlay2", "fuse-overlayfs") and status.get("Backing Filesystem") == "xfs":
+        return None  # the engine itself refuses at create if xfs lacks the pquota mount option
+    backing = status.get("Backing Filesystem", "unknown")
+    return (
+        f"its storage driver is {driver} on {backing}; disk caps need overlay2 on xfs mounted with pquota, "
+        "or btrfs/zfs (use tmpfs= folders for capped scratch space instead)"
+    )
 
 
 def _first_line(exc: BaseException) -> str:
