@@ -110,35 +110,29 @@ a trusted network.
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import errno
+import io
+import json
+import math
+import os
+import selectors
+import shlex
+import shutil
+import signal
+import socket
+import socketserver
+import stat
+import subprocess
 import sys
-
-# The agent never speaks TLS, yet http.server would load ssl (libssl, libcrypto) through
-# http.client: a few milliseconds of every sandbox's start-up, for nothing.
-sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
-
-import base64  # noqa: E402
-import contextlib  # noqa: E402
-import errno  # noqa: E402
-import http.server  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import selectors  # noqa: E402
-import shlex  # noqa: E402
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
-import socketserver  # noqa: E402
-import stat  # noqa: E402
-import subprocess  # noqa: E402
-import tarfile  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import urllib.parse  # noqa: E402
-from _operator import _compare_digest  # noqa: E402  (hmac's, without loading libcrypto)
-from collections.abc import Iterator, Mapping  # noqa: E402
+import tarfile
+import tempfile
+import threading
+import time
+import urllib.parse
+from _operator import _compare_digest  # hmac's, without loading libcrypto
+from collections.abc import Iterator, Mapping
 
 TYPE_CHECKING = False  # the typing module is not imported at run time (see the module closure)
 if TYPE_CHECKING:
@@ -179,6 +173,23 @@ EXEC_FIELDS = frozenset({"command", "cwd", "env", "timeout", "login_shell", "max
 SHELL_FIELDS = frozenset({"command", "session", "timeout", "max_output"})
 MAX_SESSIONS = 64
 EXEC_CONTENT_TYPE = "application/vnd.orchard.exec"
+MAX_HEAD_LINE = 65536
+MAX_HEADERS = 100
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    411: "Length Required",
+    413: "Content Too Large",
+    414: "URI Too Long",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    507: "Insufficient Storage",
+}
 PATCH_FIELDS = frozenset({"patch", "cwd", "timeout"})
 PTY_UPGRADE = "orchard-pty"
 PTY_INIT_FIELDS = frozenset({"type", "cmd", "env", "cwd", "rows", "cols", "login_shell"})
@@ -898,32 +909,71 @@ def check_tar_members(tar: tarfile.TarFile, dest: str) -> list[tarfile.TarInfo]:
 # -- HTTP ----------------------------------------------------------------------------------
 
 
-class AgentHandler(http.server.BaseHTTPRequestHandler):
-    """One connection; requests are dispatched through ``ROUTES`` to ``route_*`` methods."""
+class Headers(dict):
+    """Request headers by lower-cased name (a repeated header keeps its last value)."""
 
-    protocol_version = "HTTP/1.1"
-    server_version = f"orchard-agent/{VERSION}"
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        return dict.get(self, name.lower(), default)
+
+
+class AgentHandler(socketserver.StreamRequestHandler):
+    """One keep-alive connection; requests are dispatched through ``ROUTES`` to ``route_*`` methods.
+
+    A deliberately small HTTP/1.1 server side: a request line, headers, a body framed by
+    Content-Length. (``http.server`` parses headers with the ``email`` package: tens of
+    milliseconds of every sandbox's start-up and tens of microseconds of every request.)
+    """
+
     server: AgentServer
+    command = path = ""
+    headers: Headers
+    close_connection = True
 
     _unread: int | None = 0
     _responded = False
     _query: dict[str, list[str]]
 
-    # http.server entry points -----------------------------------------------------------
+    def handle(self) -> None:
+        self.close_connection = False
+        while not self.close_connection:
+            self.handle_one_request()
 
-    def do_GET(self) -> None:
+    def handle_one_request(self) -> None:
+        line = self.rfile.readline(MAX_HEAD_LINE + 1)
+        if not line:
+            self.close_connection = True
+            return
+        self.command, self.headers, self._responded, self._unread = "", Headers(), False, 0
+        parts = line.decode("latin-1").split()
+        if len(line) > MAX_HEAD_LINE:
+            self.send_error(414, "the request line is too long")
+            return
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            self.send_error(400, f"not an HTTP/1.x request line: {line[:80]!r}")
+            return
+        self.command, self.path, version = parts
+        for _ in range(MAX_HEADERS + 1):
+            header = self.rfile.readline(MAX_HEAD_LINE + 1)
+            if header in (b"\r\n", b"\n", b""):
+                break
+            name, colon, value = header.decode("latin-1").partition(":")
+            if not colon or len(header) > MAX_HEAD_LINE:
+                self.send_error(400, f"malformed header line: {header[:80]!r}")
+                return
+            self.headers[name.strip().lower()] = value.strip()
+        else:
+            self.send_error(431, f"more than {MAX_HEADERS} headers")
+            return
+        connection = (self.headers.get("Connection") or "").lower()
+        self.close_connection = connection == "close" or (version == "HTTP/1.0" and connection != "keep-alive")
+        if (self.headers.get("Expect") or "").lower() == "100-continue":
+            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self.dispatch()
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_GET
-
-    def log_message(self, format: str, *args: object) -> None:
-        """No request logging."""
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """Errors raised by http.server itself (bad request line, ...), as JSON."""
+    def send_error(self, code: int, message: str) -> None:
+        """A request that cannot be parsed: answer and hang up."""
         self.close_connection = True
-        reason = message or self.responses.get(code, ("request failed",))[0]
-        self.send_json(int(code), {"error": reason})
+        self.send_json(code, {"error": message})
 
     # dispatch ---------------------------------------------------------------------------
 
@@ -1047,8 +1097,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
     # response helpers -------------------------------------------------------------------
 
     def _head(self, status: int, content_type: str, length: int, headers: dict[str, str]) -> bytes:
-        reason = self.responses.get(status, ("",))[0]
-        lines = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {content_type}"]
+        lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", f"Content-Type: {content_type}"]
         lines.append(f"Content-Length: {length}")
         lines.extend(f"{name}: {value}" for name, value in headers.items())
         if self.close_connection:
