@@ -40,7 +40,7 @@ import httpx
 
 from orchard.config import BASE_IMAGE, settings
 from orchard.env import Client
-from orchard.env.backends.docker import AGENT_MOUNT, RUN_MOUNT, DockerConfig
+from orchard.env.backends.docker import RUN_MOUNT, DockerConfig
 
 COMMANDS = {
     "true": "true",
@@ -137,13 +137,10 @@ def start_service() -> tuple[str, Callable[[], None]]:
 
 
 def start_floor(box, sandbox_id: str) -> UnixHTTPConnection:
-    """Start the floor server in the sandbox, under the agent's own bundled interpreter."""
+    """Start the floor server in the sandbox, under the image's own Python (the agent's bundle
+    carries only the modules the agent imports, and the floor needs http.server)."""
     box.write_file("/tmp/floor.py", FLOOR_SERVER)
-    manifest = json.loads(box.read_file(f"{AGENT_MOUNT}/bundle.json"))
-    python = f"{AGENT_MOUNT}/lib/{manifest['linker']} --library-path {AGENT_MOUNT}/lib {AGENT_MOUNT}/bin/python3"
-    box.exec(
-        f"PYTHONHOME={AGENT_MOUNT} nohup {python} -s -S /tmp/floor.py {RUN_MOUNT}/floor.sock >/tmp/floor.log 2>&1 &"
-    )
+    box.exec(f"nohup python3 -s -S /tmp/floor.py {RUN_MOUNT}/floor.sock >/tmp/floor.log 2>&1 &")
     host_socket = settings().run_dir / sandbox_id / "floor.sock"
     for _ in range(500):
         if host_socket.exists():

@@ -1,19 +1,21 @@
 """Base images built offline: no registry, only a Debian mirror (or nothing at all).
 
-* `build_base()` makes `orchard/base:bookworm`, a minimal Debian bookworm with python3, git, bash
-  and ca-certificates: `debootstrap --variant=minbase` into a root filesystem kept under
+* `build_base()` makes `orchard/base:bookworm`, a minimal Debian bookworm with python3, pytest,
+  git, patch, bash and ca-certificates (enough to build and test Python repositories offline):
+  `debootstrap --variant=minbase` into a root filesystem kept under
   `settings().cache_dir / "rootfs"`, then `docker import` of that tree (about 45 s the first time).
 * `build_busybox()` makes `orchard/busybox:static`, an image that holds only Debian's static
   busybox and its applet links: no Python, no libc, no bash. It needs no network (about 1 s).
 
-Both return the image reference and are cached: when the tag exists they return at once, unless
-`force=True`. The engine is reached with `docker.from_env()`; an unreachable engine raises
+Both return the image reference and are cached: when the tag exists (for the base, built from
+the same package list) they return at once, unless `force=True`. The engine is reached with `docker.from_env()`; an unreachable engine raises
 `EngineUnavailable`, a host that cannot build raises `ConfigError` saying what to do.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import io
 import json
 import os
@@ -38,7 +40,9 @@ Log = Callable[[str], None]
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 SUITE = "bookworm"
-BASE_PACKAGES = ("python3", "git", "bash", "ca-certificates")
+BASE_PACKAGES = ("python3", "python3-pytest", "git", "bash", "ca-certificates", "patch")
+"""What the base image holds beyond minbase: enough to build and test Python repositories offline."""
+PACKAGES_LABEL = "org.orchard.base-packages"
 BUSYBOX = Path("/bin/busybox")
 LABEL = "org.orchard.built-by=orchard"
 SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -76,6 +80,19 @@ def _image_id(client: docker.DockerClient, tag: str) -> str | None:
         return str(client.images.get(tag).id)
     except docker.errors.ImageNotFound:
         return None
+
+
+def _image_labels(client: docker.DockerClient, tag: str) -> dict[str, str]:
+    """The labels of image `tag` ({} when the engine has none by that name)."""
+    try:
+        return dict(client.images.get(tag).labels or {})
+    except docker.errors.ImageNotFound:
+        return {}
+
+
+def _packages_key() -> str:
+    """Names the package set of the base image, so a changed set rebuilds it."""
+    return hashlib.sha256(",".join(BASE_PACKAGES).encode()).hexdigest()[:12]
 
 
 def import_rootfs(client: docker.DockerClient, tar: Path | bytes, tag: str, changes: Iterable[str]) -> str:
@@ -140,7 +157,7 @@ def build_base(
     mirror: str | None = None,
     log: Log | None = None,
 ) -> str:
-    """Build (or reuse) a minimal Debian bookworm image with python3, git and bash; return `tag`.
+    """Build (or reuse) the minimal Debian bookworm image of `BASE_PACKAGES`; return `tag`.
 
     Needs root and debootstrap on the host, and a reachable Debian mirror (the host's own, from
     its apt sources, unless `mirror` is given). The root filesystem is cached, so a rebuild with
@@ -148,7 +165,7 @@ def build_base(
     """
     say = log or _quiet
     with closing(docker_client()) as client, _build_lock(tag):
-        if not force and _image_id(client, tag) is not None:
+        if not force and _image_labels(client, tag).get(PACKAGES_LABEL) == _packages_key():
             return tag
         if os.geteuid() != 0:
             raise ConfigError(
@@ -159,7 +176,8 @@ def build_base(
         rootfs = ensure_rootfs(mirror or find_mirror(), log=say)
         say(f"importing {rootfs} as {tag}")
         with _tarball(rootfs) as tar:
-            import_rootfs(client, tar, tag, _changes(["/bin/bash"], SEARCH_PATH))
+            changes = [*_changes(["/bin/bash"], SEARCH_PATH), f"LABEL {PACKAGES_LABEL}={_packages_key()}"]
+            import_rootfs(client, tar, tag, changes)
         say(f"built {tag} in {time.monotonic() - started:.0f} s")
     return tag
 
@@ -167,7 +185,7 @@ def build_base(
 def ensure_rootfs(mirror: str, *, log: Log | None = None) -> Path:
     """Return a finished debootstrap tree for `mirror`, running debootstrap only when needed."""
     say = log or _quiet
-    folder = settings().cache_dir / "rootfs" / f"debian-{SUITE}-minbase"
+    folder = settings().cache_dir / "rootfs" / f"debian-{SUITE}-minbase-{_packages_key()}"
     rootfs, done = folder / "root", folder / ROOTFS_DONE
     if done.is_file() and rootfs.is_dir():
         say(f"reusing root filesystem {rootfs}")

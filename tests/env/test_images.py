@@ -1,4 +1,4 @@
-"""The offline-built images: a Debian base (python3, git, bash) and a static busybox (nothing else)."""
+"""The offline-built images: a Debian base (python3, pytest, git, bash) and a static busybox (nothing else)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,11 @@ def _forbid_building(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.docker
-def test_base_image_has_python_git_bash(docker_client, base_image: str) -> None:
-    out = _sh(docker_client, base_image, "python3 --version; git --version; bash -c 'echo $BASH'")
-    assert "Python 3.11" in out
+def test_base_image_has_python_pytest_git_bash(docker_client, base_image: str) -> None:
+    out = _sh(
+        docker_client, base_image, "python3 --version; python3 -m pytest --version; git --version; bash -c 'echo $BASH'"
+    )
+    assert "Python 3.11" in out and "pytest 7" in out
     assert "git version" in out
     assert "/bin/bash" in out or "/usr/bin/bash" in out
 
