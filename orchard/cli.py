@@ -337,6 +337,111 @@ def sandbox_rm(sandbox_ids: Annotated[list[str], typer.Argument(help="Sandbox id
             typer.echo(f"deleted {sandbox_id}")
 
 
+# -- evaluation ---------------------------------------------------------------------------
+
+
+@command(app, "eval")
+def eval_(
+    tasks: Annotated[str, typer.Option(help="Task set: JSON, JSONL, a dataset folder or a hub id.")],
+    model: Annotated[
+        str | None,
+        typer.Option(help="scripted:gold, scripted:FILE, noop, openai:NAME (with --base-url) or hf:PATH."),
+    ] = None,
+    harness: Annotated[
+        str, typer.Option(help="Harnesses, comma-separated: bash, tools, cli, or path/file.py:Class.")
+    ] = "bash",
+    k: Annotated[int, typer.Option("--k", min=1, help="Samples per task and harness.")] = 1,
+    predictions: Annotated[
+        str | None,
+        typer.Option(help="Grade these patches instead (JSONL of instance_id, model_patch); `gold`: the tasks' own."),
+    ] = None,
+    repos: Annotated[
+        Path | None, typer.Option(help="Local mirror of the repositories: DIR/owner/name or DIR/owner__name.")
+    ] = None,
+    ids: Annotated[str | None, typer.Option(help="Only these instance ids (comma-separated).")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Attempts at once.")] = 2,
+    max_steps: Annotated[int, typer.Option(min=1, help="Steps per episode.")] = 40,
+    base_url: Annotated[
+        str | None, typer.Option(envvar="OPENAI_BASE_URL", help="OpenAI-compatible server for openai:NAME.")
+    ] = None,
+    report: Annotated[Path | None, typer.Option(help="Also write SWE-bench's report JSON here.")] = None,
+    split: Annotated[str, typer.Option(help="Split of a dataset.")] = "test",
+) -> None:
+    """Evaluate a model under harnesses (or grade predictions) on a task set; stored and reported."""
+    import hashlib
+    import json
+
+    from rich.console import Console
+
+    from orchard.env import Client
+    from orchard.eval.console import EvalProgress, results_table
+    from orchard.eval.runner import evaluate
+    from orchard.tasks import load_tasks
+    from orchard.tasks.environments import RepoMirror
+
+    if (model is None) == (predictions is None):
+        raise OrchardError("say what to evaluate: --model SPEC (an agent), or --predictions FILE|gold")
+    task_list = load_tasks(tasks, split=split, ids=ids.split(",") if ids else None)
+    mirror = RepoMirror(repos)
+    source = str(Path(tasks).resolve()) if Path(tasks).exists() else tasks
+    if predictions is not None:
+        from orchard.eval.predictions import load_predictions, solver_for
+
+        name, patches = load_predictions(predictions, task_list)
+        chosen, harnesses, samples, solver = (
+            [t for t in task_list if t.instance_id in patches],
+            [name],
+            1,
+            solver_for(patches),
+        )
+        digest = hashlib.sha256(json.dumps(sorted(patches.items())).encode()).hexdigest()
+        config: dict[str, Any] = {
+            "tasks": source,
+            "ids": [t.instance_id for t in chosen],
+            "predictions": name,
+            "patches": digest,
+        }
+    else:
+        from orchard.agents import harness_factory
+        from orchard.agents.loop import Limits
+        from orchard.agents.models import model_from_spec
+        from orchard.eval.agent import agent_solver
+
+        harnesses = [h.strip() for h in harness.split(",") if h.strip()]
+        for each in harnesses:
+            harness_factory(each)  # a wrong name is one line now, not an error per attempt
+        agent = model_from_spec(model or "", base_url=base_url)
+        chosen, samples, solver = task_list, k, agent_solver(agent, Limits(max_steps=max_steps))
+        config = {
+            "tasks": source,
+            "ids": [t.instance_id for t in chosen],
+            "model": model,
+            "base_url": base_url,
+            "harnesses": harnesses,
+            "k": k,
+            "max_steps": max_steps,
+        }
+        name = agent.name
+    with Client() as client, EvalProgress() as progress:
+        result = evaluate(
+            chosen,
+            harnesses,
+            samples,
+            solver,
+            client=client,
+            mirror=mirror,
+            config=config,
+            name=f"eval {Path(tasks).name} {name}",
+            concurrency=concurrency,
+            on_progress=progress,
+            report_ids=[t.instance_id for t in task_list],
+        )
+    Console().print(results_table(result.summary, f"run {result.run_id} - {name}"))
+    if report is not None:
+        report.write_text(json.dumps(result.summary["report"], indent=2) + "\n")
+    typer.echo(f"report: {report or result.folder / 'report.json'}")
+
+
 # -- benchmarks ---------------------------------------------------------------------------
 
 

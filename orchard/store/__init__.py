@@ -17,9 +17,18 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, create_engine
 
 from orchard.config import settings
-from orchard.store.tables import ExecRecord, SandboxRecord
+from orchard.store.tables import ExecRecord, ResultRecord, RunRecord, SandboxRecord, StepRecord, TrajectoryRecord
 
-__all__ = ["ExecRecord", "SandboxRecord", "get_engine", "session"]
+__all__ = [
+    "ExecRecord",
+    "ResultRecord",
+    "RunRecord",
+    "SandboxRecord",
+    "StepRecord",
+    "TrajectoryRecord",
+    "get_engine",
+    "session",
+]
 
 _engines: dict[str, Engine] = {}
 _lock = threading.Lock()

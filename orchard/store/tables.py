@@ -1,4 +1,4 @@
-"""SQLModel tables of the environment layer: sandboxes and the commands run in them."""
+"""SQLModel tables: sandboxes and their commands; runs, graded results, trajectories and steps."""
 
 from __future__ import annotations
 
@@ -43,3 +43,86 @@ class ExecRecord(SQLModel, table=True):
     started_at: float | None = None
     completed_at: float | None = None
     duration: float | None = None
+
+
+class RunRecord(SQLModel, table=True):
+    """One piece of work (an eval, a training stage, a benchmark) and how it went."""
+
+    __tablename__ = "runs"
+
+    id: str = Field(primary_key=True)
+    kind: str = Field(index=True, description="eval | collect | sft | rl | value | bench")
+    name: str
+    config: str = Field(default="{}", description="JSON: what the run was asked to do")
+    status: str = Field(index=True, description="running | finished | failed | interrupted")
+    owner: str = Field(description="the process running it (host:pid:start), to spot a killed run")
+    host: str
+    started_at: float
+    ended_at: float | None = None
+    summary: str = Field(default="{}", description="JSON: the run's headline figures")
+    error: str | None = None
+
+
+class ResultRecord(SQLModel, table=True):
+    """One graded attempt: a task, under a harness, sample k, in a run."""
+
+    __tablename__ = "results"
+
+    id: str = Field(primary_key=True, description="run/instance/harness/sample")
+    run_id: str = Field(index=True)
+    instance_id: str = Field(index=True)
+    harness: str
+    sample: int
+    outcome: str = Field(description="resolved | unresolved | empty_patch | patch_failed | timeout | error")
+    resolved: bool
+    patch: str = ""
+    grade: str = Field(default="{}", description="JSON: per-test results, error, grading log tail")
+    trajectory_id: str | None = Field(default=None, index=True)
+    steps: int = 0
+    tokens: int = 0
+    created_at: float
+
+
+class TrajectoryRecord(SQLModel, table=True):
+    """One agent episode on one task: the whole conversation, the patch it left, its verdict."""
+
+    __tablename__ = "trajectories"
+
+    id: str = Field(primary_key=True)
+    run_id: str | None = Field(default=None, index=True)
+    instance_id: str = Field(index=True)
+    harness: str = Field(index=True)
+    model: str
+    sample: int = 0
+    status: str = Field(description="completed | truncated | time_limit | aborted")
+    error: str | None = None
+    messages: str = Field(description="JSON: OpenAI-style chat messages")
+    tools: str = Field(default="null", description="JSON: the tool schemas offered, or null")
+    patch: str = ""
+    outcome: str | None = Field(default=None, description="the grader's outcome, once graded")
+    resolved: bool | None = None
+    steps: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    format_errors: int = 0
+    duration: float = 0.0
+    created_at: float
+
+
+class StepRecord(SQLModel, table=True):
+    """One turn of an episode: the model's reply, the actions run, what came back."""
+
+    __tablename__ = "steps"
+
+    id: str = Field(primary_key=True, description="trajectory/index")
+    trajectory_id: str = Field(index=True)
+    index: int
+    reply: str = Field(description="the assistant's text")
+    actions: str = Field(default="[]", description="JSON: [{name, arguments}] parsed from the reply")
+    observation: str = ""
+    format_error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    duration: float = 0.0
+    value: float | None = Field(default=None, description="V(s_t) from credit assignment")
+    credit: float | None = Field(default=None, description="c_t = V(s_t+1) - V(s_t)")

@@ -1,0 +1,144 @@
+"""What harnesses, models and the agent loop share.
+
+Messages are OpenAI chat messages (`role`, `content`, `tool_calls`, `tool_call_id`), so any
+OpenAI-compatible server, a local chat template and the published trajectory format all speak
+them. A harness decides the interface the model gets: its system prompt, its tool schemas (or
+none: a text protocol), how a reply becomes actions, how an action runs in the sandbox and how
+its observation is shown back. A harness can also write a reply in its own format from an
+abstract `Step` (`encode`): that is how the scripted model plays any harness.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from orchard.env.client import Sandbox
+
+Message = dict[str, Any]
+"""An OpenAI chat message."""
+
+MAX_OBSERVATION = 10_000
+"""Characters of one observation shown to the model (head and tail kept)."""
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+    """JSON text, as the OpenAI API carries it."""
+
+    def message(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class Reply:
+    """One model turn."""
+
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+
+    def message(self) -> Message:
+        message: Message = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [call.message() for call in self.tool_calls]
+        return message
+
+
+@dataclass
+class Action:
+    """What the model asked for in one reply (or one of its tool calls)."""
+
+    name: str
+    """A tool name, `submit`, or the harness's own (`bash` for the text protocol)."""
+    arguments: dict[str, Any] = field(default_factory=dict)
+    call_id: str | None = None
+
+    @property
+    def is_submit(self) -> bool:
+        return self.name == "submit"
+
+
+class FormatError(Exception):
+    """The reply could not be turned into actions; the message is shown to the model."""
+
+
+@dataclass
+class Step:
+    """A harness-neutral action, for scripted models: run a shell command, write a file, submit."""
+
+    kind: Literal["bash", "write", "submit"]
+    command: str = ""
+    path: str = ""
+    content: str = ""
+    thought: str = ""
+
+
+class Harness(Protocol):
+    """The interface a model works through. See `orchard/agents/bash.py` for a complete one."""
+
+    name: str
+
+    def system_prompt(self, task: dict[str, Any]) -> str: ...
+    def task_prompt(self, task: dict[str, Any]) -> str: ...
+    def tools(self) -> list[dict[str, Any]] | None: ...
+    def parse(self, reply: Reply) -> list[Action]: ...
+    def execute(self, action: Action, box: Sandbox, workdir: str) -> str: ...
+    def observation_messages(self, action: Action, observation: str) -> list[Message]: ...
+    def format_error_messages(self, reply: Reply, error: FormatError) -> list[Message]: ...
+    def encode(self, step: Step, index: int) -> Reply: ...
+
+
+def clip(text: str, limit: int = MAX_OBSERVATION) -> str:
+    """At most `limit` characters: head and tail around a marker."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - limit} characters elided ...]\n{text[-half:]}"
+
+
+def run_shell(box: Sandbox, command: str, workdir: str, timeout: float) -> str:
+    """A shell command in the agent's persistent session; what a terminal would show."""
+    result = box.exec(command, session="agent", timeout=timeout, cwd=None)
+    output = result.stdout + result.stderr
+    if result.timed_out:
+        output += f"\n[the command timed out after {timeout:g} s and was killed; the shell was restarted in {workdir}]"
+        box.exec(f"cd {shlex.quote(workdir)}", session="agent")
+    elif result.exit_code not in (0, None):
+        output += f"\n[exit code {result.exit_code}]"
+    elif result.error:
+        output += f"\n[{result.error}]"
+    return clip(output) or "[no output]"
+
+
+def write_file(box: Sandbox, path: str, content: str, workdir: str) -> str:
+    absolute = path if path.startswith("/") else f"{workdir}/{path}"
+    size = box.write_file(absolute, content)
+    return f"wrote {size} bytes to {absolute}"
+
+
+def json_arguments(call: ToolCall) -> dict[str, Any]:
+    """The arguments of a tool call (FormatError when they are not a JSON object)."""
+    try:
+        arguments = json.loads(call.arguments or "{}")
+    except ValueError:
+        raise FormatError(f"the arguments of {call.name} are not valid JSON: {call.arguments[:200]!r}") from None
+    if not isinstance(arguments, dict):
+        raise FormatError(f"the arguments of {call.name} must be a JSON object")
+    return arguments
+
+
+def task_text(task: dict[str, Any]) -> str:
+    return (
+        f"<issue>\n{task['problem_statement'].strip()}\n</issue>\n\n"
+        f"The repository {task['repo']} is checked out at {task['workdir']} (your shell starts there). "
+        "Change the source code so that the issue is resolved; do not change the tests."
+    )

@@ -1,0 +1,204 @@
+"""The agent loop: a model works a task through a harness in a sandbox until it submits or a limit
+is reached; every step is kept.
+
+Limits: steps, total tokens, wall time. A reply the harness cannot parse is fed back to the model
+as a format error and counted (`Limits.max_format_errors` in a row abort the episode). A model or
+sandbox failure ends the episode as `aborted` with the reason; the patch is whatever the working
+tree holds then. Statuses: `completed` (submitted), `truncated` (steps or tokens ran out),
+`time_limit`, `aborted`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from orchard.agents.base import FormatError, Harness, Message
+from orchard.errors import OrchardError
+from orchard.store import StepRecord, TrajectoryRecord, session
+
+if TYPE_CHECKING:
+    from orchard.agents.models import ModelSession
+    from orchard.env.client import Sandbox
+    from orchard.tasks.schema import SWETask
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_steps: int = 40
+    max_tokens: int = 400_000
+    max_seconds: float = 1800.0
+    max_format_errors: int = 5
+    """In a row: a model that cannot follow the format stops here."""
+
+
+@dataclass
+class StepLog:
+    index: int
+    reply: str
+    actions: list[dict[str, Any]]
+    observation: str
+    format_error: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    duration: float
+
+
+@dataclass
+class Episode:
+    trajectory_id: str
+    task: SWETask
+    harness: str
+    model: str
+    messages: list[Message]
+    tools: list[dict[str, Any]] | None
+    status: str
+    patch: str = ""
+    error: str | None = None
+    steps: list[StepLog] = field(default_factory=list)
+    format_errors: int = 0
+    duration: float = 0.0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(s.prompt_tokens for s in self.steps)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(s.completion_tokens for s in self.steps)
+
+
+def run_episode(
+    task: SWETask,
+    harness: Harness,
+    model: ModelSession,
+    box: Sandbox,
+    *,
+    model_name: str,
+    limits: Limits = Limits(),
+) -> Episode:
+    """Let `model` work `task` in `box` (a fresh sandbox of the task's image) through `harness`."""
+    public = task.public()
+    messages: list[Message] = [
+        {"role": "system", "content": harness.system_prompt(public)},
+        {"role": "user", "content": harness.task_prompt(public)},
+    ]
+    tools = harness.tools()
+    episode = Episode(uuid.uuid4().hex, task, harness.name, model_name, messages, tools, status="truncated")
+    started = time.monotonic()
+    in_a_row = 0
+    try:
+        box.exec(f"cd {shlex.quote(task.workdir)}", session="agent")
+        for index in range(limits.max_steps):
+            if time.monotonic() - started > limits.max_seconds:
+                episode.status = "time_limit"
+                break
+            if episode.prompt_tokens + episode.completion_tokens > limits.max_tokens:
+                episode.status = "truncated"
+                break
+            if _step(episode, index, harness, model, box, tools):
+                episode.status = "completed"
+                break
+            in_a_row = in_a_row + 1 if episode.steps[-1].format_error else 0
+            if in_a_row >= limits.max_format_errors:
+                episode.status, episode.error = "aborted", f"{in_a_row} format errors in a row"
+                break
+    except OrchardError as exc:  # the model server or the sandbox failed
+        episode.status, episode.error = "aborted", str(exc)
+    episode.patch = working_tree_patch(box, task.workdir)
+    episode.duration = time.monotonic() - started
+    return episode
+
+
+def _step(episode: Episode, index: int, harness: Harness, model: ModelSession, box: Sandbox, tools: Any) -> bool:
+    """One turn; True when the model submitted."""
+    started = time.monotonic()
+    reply = model.complete(episode.messages, tools)
+    episode.messages.append(reply.message())
+    log = StepLog(index, reply.content, [], "", None, reply.prompt_tokens, reply.completion_tokens, 0.0)
+    episode.steps.append(log)
+    try:
+        actions = harness.parse(reply)
+    except FormatError as error:
+        episode.format_errors += 1
+        log.format_error = str(error)
+        episode.messages.extend(harness.format_error_messages(reply, error))
+        log.duration = time.monotonic() - started
+        return False
+    submitted = False
+    observations = []
+    for action in actions:
+        log.actions.append({"name": action.name, "arguments": action.arguments})
+        if action.is_submit:
+            if action.call_id:  # every tool call gets an answer, so the conversation stays well-formed
+                episode.messages.append({"role": "tool", "tool_call_id": action.call_id, "content": "Submitted."})
+            submitted = True
+            break
+        observation = harness.execute(action, box, episode.task.workdir)
+        observations.append(observation)
+        episode.messages.extend(harness.observation_messages(action, observation))
+    log.observation = "\n".join(observations)
+    log.duration = time.monotonic() - started
+    return submitted
+
+
+def working_tree_patch(box: Sandbox, workdir: str) -> str:
+    """Everything changed in the repository, untracked files included, as one git diff."""
+    try:
+        result = box.exec("git add -A && git diff --cached --binary HEAD", cwd=workdir, timeout=120)
+    except OrchardError:
+        return ""
+    return result.stdout if result.exit_code == 0 else ""
+
+
+def save_episode(episode: Episode, *, run_id: str | None, sample: int, db_url: str | None = None) -> None:
+    """The trajectory and its steps, in one transaction."""
+    with session(db_url) as db:
+        db.add(
+            TrajectoryRecord(
+                id=episode.trajectory_id,
+                run_id=run_id,
+                instance_id=episode.task.instance_id,
+                harness=episode.harness,
+                model=episode.model,
+                sample=sample,
+                status=episode.status,
+                error=episode.error,
+                messages=json.dumps(episode.messages),
+                tools=json.dumps(episode.tools),
+                patch=episode.patch,
+                steps=len(episode.steps),
+                prompt_tokens=episode.prompt_tokens,
+                completion_tokens=episode.completion_tokens,
+                format_errors=episode.format_errors,
+                duration=episode.duration,
+                created_at=time.time(),
+            )
+        )
+        for step in episode.steps:
+            db.add(
+                StepRecord(
+                    id=f"{episode.trajectory_id}/{step.index}",
+                    trajectory_id=episode.trajectory_id,
+                    index=step.index,
+                    reply=step.reply,
+                    actions=json.dumps(step.actions),
+                    observation=step.observation,
+                    format_error=step.format_error,
+                    prompt_tokens=step.prompt_tokens,
+                    completion_tokens=step.completion_tokens,
+                    duration=step.duration,
+                )
+            )
+
+
+def record_verdict(trajectory_id: str, outcome: str, resolved: bool, *, db_url: str | None = None) -> None:
+    with session(db_url) as db:
+        record = db.get(TrajectoryRecord, trajectory_id)
+        if record is not None:
+            record.outcome, record.resolved = outcome, resolved
+            db.add(record)

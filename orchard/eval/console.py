@@ -1,0 +1,73 @@
+"""What `orchard eval` shows in the terminal: a progress bar with ETA, then the results table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from orchard.store import ResultRecord
+
+
+class EvalProgress:
+    """A progress bar on stderr: attempts done of all, resolved so far, elapsed and ETA."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("[bold]eval[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("resolved {task.fields[resolved]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+        )
+        self.task_id: Any = None
+        self.resolved = 0
+
+    def __enter__(self) -> EvalProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def __call__(self, done: int, total: int, record: ResultRecord | None) -> None:
+        if self.task_id is None:
+            self.task_id = self.progress.add_task("eval", total=total, completed=done, resolved=0)
+        if record is not None and record.resolved:
+            self.resolved += 1
+        self.progress.update(self.task_id, completed=done, resolved=self.resolved)
+
+
+def results_table(summary: dict[str, Any], title: str) -> Table:
+    """One row per harness: resolve rate, pass@k, pass^k, steps, tokens, outcomes."""
+    harnesses = summary["harnesses"]
+    k_max = max((len(h["pass_at_k"]) for h in harnesses.values()), default=1)
+    table = Table(title=title)
+    table.add_column("harness")
+    table.add_column("resolved", justify="right")
+    table.add_column("rate", justify="right")
+    if k_max > 1:
+        table.add_column(f"pass@{k_max}", justify="right")
+        table.add_column(f"pass^{k_max}", justify="right")
+    table.add_column("steps", justify="right")
+    table.add_column("tokens", justify="right")
+    table.add_column("outcomes")
+    for name, row in harnesses.items():
+        cells = [name, f"{row['resolved']}/{row['attempts']}", f"{row['resolve_rate']:.1%}"]
+        if k_max > 1:
+            k = str(len(row["pass_at_k"]))
+            cells += [f"{row['pass_at_k'][k]:.1%}", f"{row['pass_hat_k'][k]:.1%}"]
+        cells += [
+            f"{row['mean_steps']:.1f}",
+            f"{row['mean_tokens']:.0f}",
+            ", ".join(f"{kind} {count}" for kind, count in row["outcomes"].items()),
+        ]
+        table.add_row(*cells)
+    return table

@@ -1,0 +1,224 @@
+"""Running an evaluation: every task x harness x sample solved, graded, stored; resumable.
+
+A `Solver` turns an attempt into a patch: a prediction file's patch, the gold patch, or an agent
+working in a sandbox. The runner builds the task images, runs attempts `concurrency` at a time
+(each solved, then graded in a fresh sandbox), records each result as soon as it is graded, and
+writes the summary and SWE-bench's report into the run's folder. The same evaluation started
+again resumes its run: recorded attempts are skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from orchard.agents.loop import record_verdict
+from orchard.config import settings
+from orchard.errors import OrchardError
+from orchard.eval.metrics import mean_over_tasks, pass_at_k, pass_hat_k, swebench_report
+from orchard.store import ResultRecord
+from orchard.store.runs import add_result, finish_run, results_of, start_run
+from orchard.tasks.environments import RepoMirror, task_image
+from orchard.tasks.grading import Grade, grade_patch
+
+if TYPE_CHECKING:
+    from orchard.env.client import Client
+    from orchard.tasks.schema import SWETask
+
+LOG_TAIL = 4000
+
+
+@dataclass(frozen=True)
+class Attempt:
+    task: SWETask
+    harness: str
+    sample: int
+
+    def result_id(self, run_id: str) -> str:
+        return f"{run_id}/{self.task.instance_id}/{self.harness}/{self.sample}"
+
+
+@dataclass
+class Solved:
+    """What a solver produced: the patch, and how it got there."""
+
+    patch: str
+    trajectory_id: str | None = None
+    steps: int = 0
+    tokens: int = 0
+    error: str | None = None
+
+
+class Solver(Protocol):
+    def __call__(self, attempt: Attempt, image: str, client: Client, run_id: str) -> Solved: ...
+
+
+@dataclass
+class EvalResult:
+    run_id: str
+    folder: Path
+    summary: dict[str, Any]
+    results: list[ResultRecord] = field(default_factory=list)
+
+
+def run_id_for(kind: str, config: dict[str, Any]) -> str:
+    """Runs are named by what they do, so the same evaluation finds its earlier run."""
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{kind}-{digest}"
+
+
+def run_folder(run_id: str) -> Path:
+    folder = settings().home / "runs" / run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def evaluate(
+    tasks: Sequence[SWETask],
+    harnesses: Sequence[str],
+    samples: int,
+    solve: Solver,
+    *,
+    client: Client,
+    mirror: RepoMirror,
+    config: dict[str, Any],
+    name: str,
+    concurrency: int = 2,
+    db_url: str | None = None,
+    on_progress: Callable[[int, int, ResultRecord | None], None] | None = None,
+    report_ids: Sequence[str] | None = None,
+) -> EvalResult:
+    """Solve and grade every attempt not yet recorded in this evaluation's run."""
+    run_id = run_id_for("eval", config)
+    run, _resumed = start_run(run_id, "eval", name, config, db_url=db_url)
+    attempts = [Attempt(t, h, s) for t in tasks for h in harnesses for s in range(samples)]
+    done = {r.id for r in results_of(run_id, db_url=db_url)}
+    pending = [a for a in attempts if a.result_id(run_id) not in done]
+    total, finished = len(attempts), len(attempts) - len(pending)
+    if on_progress:
+        on_progress(finished, total, None)
+    try:
+        images = _images(pending, mirror, concurrency)
+        with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="orchard-eval") as pool:
+            futures = [pool.submit(_attempt, run_id, a, images, solve, client, db_url) for a in pending]
+            for future in as_completed(futures):
+                record = future.result()
+                finished += 1
+                if on_progress:
+                    on_progress(finished, total, record)
+    except BaseException as exc:
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        partial = summarize(results_of(run_id, db_url=db_url), report_ids or [t.instance_id for t in tasks])
+        finish_run(run_id, status, partial, error=str(exc) or type(exc).__name__, db_url=db_url)
+        raise
+    results = results_of(run_id, db_url=db_url)
+    summary = summarize(results, report_ids or [t.instance_id for t in tasks])
+    folder = run_folder(run_id)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (folder / "report.json").write_text(json.dumps(summary["report"], indent=2) + "\n")
+    finish_run(run_id, "finished", summary, db_url=db_url)
+    return EvalResult(run.id, folder, summary, results)
+
+
+def _images(attempts: Sequence[Attempt], mirror: RepoMirror, concurrency: int) -> dict[str, str | OrchardError]:
+    """Each task's image (or why it could not be built), built `concurrency` at a time."""
+    tasks = {a.task.instance_id: a.task for a in attempts}
+    images: dict[str, str | OrchardError] = {}
+
+    def build(task: SWETask) -> None:
+        try:
+            images[task.instance_id] = task_image(task, mirror)
+        except OrchardError as exc:
+            images[task.instance_id] = exc
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        list(pool.map(build, tasks.values()))
+    return images
+
+
+def _attempt(
+    run_id: str,
+    attempt: Attempt,
+    images: dict[str, str | OrchardError],
+    solve: Solver,
+    client: Client,
+    db_url: str | None,
+) -> ResultRecord:
+    task = attempt.task
+    image = images[task.instance_id]
+    solved = Solved(patch="")
+    if isinstance(image, OrchardError):
+        grade = Grade(task.instance_id, "error", error=f"no image for the task: {image}")
+    else:
+        try:
+            solved = solve(attempt, image, client, run_id)
+        except OrchardError as exc:
+            solved = Solved(patch="", error=f"the solver failed: {exc}")
+        if solved.error and not solved.patch.strip():
+            grade = Grade(task.instance_id, "error", error=solved.error)
+        else:
+            grade = grade_patch(client, task, solved.patch, image)
+    if solved.trajectory_id:
+        record_verdict(solved.trajectory_id, grade.outcome, grade.resolved, db_url=db_url)
+    details = grade.public()
+    details["log"] = details["log"][-LOG_TAIL:]
+    if solved.error:
+        details["solver_error"] = solved.error
+    record = ResultRecord(
+        id=attempt.result_id(run_id),
+        run_id=run_id,
+        instance_id=task.instance_id,
+        harness=attempt.harness,
+        sample=attempt.sample,
+        outcome=grade.outcome,
+        resolved=grade.resolved,
+        patch=solved.patch,
+        grade=json.dumps(details),
+        trajectory_id=solved.trajectory_id,
+        steps=solved.steps,
+        tokens=solved.tokens,
+        created_at=time.time(),
+    )
+    add_result(record, db_url=db_url)
+    return record
+
+
+def summarize(results: Sequence[ResultRecord], task_ids: Sequence[str]) -> dict[str, Any]:
+    """Per harness: resolve rate, pass@k and pass^k for k up to the samples, steps, tokens,
+    outcomes by kind; and SWE-bench's report for sample 0 of the first harness."""
+    harnesses: dict[str, list[ResultRecord]] = {}
+    for record in results:
+        harnesses.setdefault(record.harness, []).append(record)
+    table = {}
+    for harness, records in harnesses.items():
+        per_task: dict[str, tuple[int, int]] = {}
+        for record in records:
+            n, c = per_task.get(record.instance_id, (0, 0))
+            per_task[record.instance_id] = (n + 1, c + int(record.resolved))
+        k_max = min(n for n, _ in per_task.values())
+        outcomes: dict[str, int] = {}
+        for record in records:
+            outcomes[record.outcome] = outcomes.get(record.outcome, 0) + 1
+        table[harness] = {
+            "attempts": len(records),
+            "tasks": len(per_task),
+            "resolved": sum(r.resolved for r in records),
+            "resolve_rate": sum(r.resolved for r in records) / len(records),
+            "pass_at_k": {str(k): mean_over_tasks(per_task, k, pass_at_k) for k in range(1, k_max + 1)},
+            "pass_hat_k": {str(k): mean_over_tasks(per_task, k, pass_hat_k) for k in range(1, k_max + 1)},
+            "mean_steps": sum(r.steps for r in records) / len(records),
+            "mean_tokens": sum(r.tokens for r in records) / len(records),
+            "outcomes": dict(sorted(outcomes.items())),
+        }
+    first = next(iter(harnesses), None)
+    outcomes_0 = {r.instance_id: r.outcome for r in harnesses.get(first or "", []) if r.sample == 0}
+    return {
+        "harnesses": table,
+        "report": swebench_report(task_ids, outcomes_0),
+    }

@@ -1,0 +1,93 @@
+"""Runs in the store: start (or resume) one, record its results, finish it.
+
+A run is identified by an id its caller derives from its configuration, so the same command run
+again finds its run and continues it: results already recorded are kept and skipped. A run whose
+process died (SIGKILL, power loss) is still `running` in the store; the next `start_run` or
+`mark_interrupted` turns it `interrupted`, with everything it recorded intact.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import Any
+
+from sqlmodel import col, select
+
+from orchard.env.backends.base import owner_alive, process_owner
+from orchard.store import ResultRecord, RunRecord, session
+
+
+def mark_interrupted(db_url: str | None = None) -> list[str]:
+    """Turn runs left `running` by dead processes on this host `interrupted`; their ids."""
+    host = socket.gethostname()
+    changed = []
+    with session(db_url) as db:
+        for run in db.exec(select(RunRecord).where(RunRecord.status == "running", RunRecord.host == host)):
+            if not owner_alive(run.owner):
+                run.status, run.error = "interrupted", run.error or "its process ended without finishing the run"
+                run.ended_at = run.ended_at or time.time()
+                db.add(run)
+                changed.append(run.id)
+    return changed
+
+
+def start_run(
+    run_id: str, kind: str, name: str, config: dict[str, Any], *, db_url: str | None = None
+) -> tuple[RunRecord, bool]:
+    """The run `run_id`, created or resumed by this process; True when it existed already."""
+    mark_interrupted(db_url)
+    now = time.time()
+    with session(db_url) as db:
+        run = db.get(RunRecord, run_id)
+        existed = run is not None
+        if run is None:
+            run = RunRecord(
+                id=run_id,
+                kind=kind,
+                name=name,
+                config=json.dumps(config, sort_keys=True),
+                status="running",
+                owner=process_owner(),
+                host=socket.gethostname(),
+                started_at=now,
+            )
+        else:
+            run.status, run.owner, run.host, run.ended_at, run.error = (
+                "running",
+                process_owner(),
+                socket.gethostname(),
+                None,
+                None,
+            )
+        db.add(run)
+    return run, existed
+
+
+def finish_run(
+    run_id: str, status: str, summary: dict[str, Any], *, error: str | None = None, db_url: str | None = None
+) -> None:
+    with session(db_url) as db:
+        run = db.get(RunRecord, run_id)
+        if run is None:
+            return
+        run.status, run.summary, run.error, run.ended_at = status, json.dumps(summary), error, time.time()
+        db.add(run)
+
+
+def add_result(result: ResultRecord, *, db_url: str | None = None) -> None:
+    """Record one graded attempt (replacing an earlier record of the same attempt)."""
+    with session(db_url) as db:
+        db.merge(result)
+
+
+def results_of(run_id: str, *, db_url: str | None = None) -> list[ResultRecord]:
+    with session(db_url) as db:
+        query = select(ResultRecord).where(ResultRecord.run_id == run_id).order_by(col(ResultRecord.id))
+        return list(db.exec(query))
+
+
+def get_run(run_id: str, *, db_url: str | None = None) -> RunRecord | None:
+    with session(db_url) as db:
+        return db.get(RunRecord, run_id)

@@ -1,0 +1,112 @@
+"""Task sets from JSON, JSONL, a Hugging Face dataset folder, or a hub dataset id.
+
+    load_tasks("examples/tasks/tasks.jsonl")
+    load_tasks("path/to/saved_dataset")                  # datasets' save_to_disk folder
+    load_tasks("princeton-nlp/SWE-bench_Lite", split="test")   # needs the hub (not here)
+
+Every record is validated; a bad one is reported with its line (or index) and the field, and
+nothing is returned for a file with a bad record.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchard.errors import ConfigError, InvalidRequest
+from orchard.tasks.schema import SWETask
+
+
+def load_tasks(source: str | Path, *, split: str = "test", ids: Sequence[str] | None = None) -> list[SWETask]:
+    """The tasks of `source` (a file, a dataset folder or a hub id), optionally only `ids`."""
+    path = Path(source)
+    if path.is_file():
+        records = _records_of_file(path)
+    elif path.is_dir():
+        records = _records_of_dataset_folder(path, split)
+    elif str(source).count("/") == 1 and not str(source).startswith((".", "/")):
+        records = _records_of_hub(str(source), split)
+    else:
+        raise ConfigError(f"no task file or dataset at {source}")
+    tasks = _validate(records, str(source))
+    if ids:
+        wanted = set(ids)
+        missing = sorted(wanted - {t.instance_id for t in tasks})
+        if missing:
+            raise InvalidRequest(f"{source} has no task {', '.join(missing)}")
+        tasks = [t for t in tasks if t.instance_id in wanted]
+    return tasks
+
+
+def _records_of_file(path: Path) -> Iterable[tuple[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                yield f"line {number}", _json(line, f"{path}:{number}")
+        return
+    data = _json(text, str(path))
+    if isinstance(data, dict):
+        data = data.get("tasks", data.get("instances"))
+    if not isinstance(data, list):
+        raise ConfigError(f"{path} must hold a JSON list of tasks (or JSONL, one task per line)")
+    for index, record in enumerate(data):
+        yield f"item {index}", record
+
+
+def _json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: not valid JSON ({exc})") from None
+
+
+def _records_of_dataset_folder(path: Path, split: str) -> Iterable[tuple[str, Any]]:
+    import datasets
+
+    if (path / "dataset_dict.json").is_file() or (path / "dataset_info.json").is_file():
+        data = datasets.load_from_disk(str(path))
+    else:  # a folder of data files (parquet, json, ...), as on the hub
+        data = datasets.load_dataset(str(path))
+    if isinstance(data, datasets.DatasetDict):
+        if split not in data:
+            raise ConfigError(f"{path} has no split {split!r} (it has {', '.join(data)})")
+        data = data[split]
+    for index, record in enumerate(data):
+        yield f"row {index}", record
+
+
+def _records_of_hub(name: str, split: str) -> Iterable[tuple[str, Any]]:
+    import datasets
+
+    try:
+        data = datasets.load_dataset(name, split=split)
+    except Exception as exc:  # offline, unknown id, ...: one line either way
+        raise ConfigError(f"could not load the dataset {name!r} from the hub: {str(exc).splitlines()[0]}") from None
+    for index, record in enumerate(data):
+        yield f"row {index}", record
+
+
+def _validate(records: Iterable[tuple[str, Any]], source: str) -> list[SWETask]:
+    tasks: list[SWETask] = []
+    seen: set[str] = set()
+    for where, record in records:
+        if not isinstance(record, dict):
+            raise ConfigError(f"{source}, {where}: a task must be a JSON object")
+        try:
+            task = SWETask.model_validate(record)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            field = ".".join(str(p) for p in error["loc"]) or "task"
+            raise ConfigError(f"{source}, {where}: {field}: {error['msg']}") from None
+        if task.instance_id in seen:
+            raise ConfigError(f"{source}, {where}: instance_id {task.instance_id} appears twice")
+        seen.add(task.instance_id)
+        tasks.append(task)
+    if not tasks:
+        raise ConfigError(f"{source} holds no tasks")
+    return tasks
