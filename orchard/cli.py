@@ -37,7 +37,9 @@ bench_app = typer.Typer(
 )
 app.add_typer(image_app, name="image")
 app.add_typer(sandbox_app, name="sandbox")
+trajectories_app = typer.Typer(help="Agent trajectories as JSONL (the Orchard dataset's shape).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+app.add_typer(trajectories_app, name="trajectories")
 
 
 def command(group: typer.Typer, *args: Any, **kwargs: Any) -> Callable:
@@ -440,6 +442,29 @@ def eval_(
     if report is not None:
         report.write_text(json.dumps(result.summary["report"], indent=2) + "\n")
     typer.echo(f"report: {report or result.folder / 'report.json'}")
+
+
+@command(trajectories_app, "export")
+def trajectories_export(
+    out: Annotated[Path, typer.Argument(help="JSONL file to write.")],
+    run: Annotated[str | None, typer.Option(help="Only this run's trajectories.")] = None,
+) -> None:
+    """Write trajectories (tools, messages, metadata with the verify status) as JSONL."""
+    from orchard.agents.trajectories import export_file
+
+    typer.echo(f"wrote {export_file(out, run_id=run)} trajectories to {out}")
+
+
+@command(trajectories_app, "import")
+def trajectories_import(
+    source: Annotated[Path, typer.Argument(help="JSONL file of trajectories.")],
+    run: Annotated[str | None, typer.Option(help="File them under this run id.")] = None,
+) -> None:
+    """Read trajectories (ours, or the published Orchard dataset's) into the store."""
+    from orchard.agents.trajectories import import_file
+
+    imported, skipped = import_file(source, run_id=run)
+    typer.echo(f"imported {imported} trajectories" + (f" ({skipped} already in the store)" if skipped else ""))
 
 
 # -- benchmarks ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from orchard.agents.loop import record_verdict
 from orchard.config import settings
 from orchard.errors import OrchardError
 from orchard.eval.metrics import mean_over_tasks, pass_at_k, pass_hat_k, swebench_report
+from orchard.eval.report import write_report
 from orchard.store import ResultRecord
 from orchard.store.runs import add_result, finish_run, results_of, start_run
 from orchard.tasks.environments import RepoMirror, task_image
@@ -122,6 +123,7 @@ def evaluate(
     folder = run_folder(run_id)
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (folder / "report.json").write_text(json.dumps(summary["report"], indent=2) + "\n")
+    write_report(folder, summary, name)
     finish_run(run_id, "finished", summary, db_url=db_url)
     return EvalResult(run.id, folder, summary, results)
 

@@ -1,0 +1,128 @@
+"""Real models, offline: a tiny model built from a config, run locally with transformers and
+served by `transformers serve` (a real OpenAI-compatible server on loopback) to the OpenAI client."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from orchard.agents import harness_factory
+from orchard.agents.loop import Limits, run_episode
+from orchard.agents.models import ModelError, OpenAIModel, TransformersModel, model_from_spec
+from orchard.errors import ConfigError
+from orchard.tasks import load_tasks
+from orchard.tasks.environments import RepoMirror, task_image
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from orchard.train.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory, base_image):
+    folder = tmp_path_factory.mktemp("mirror")
+    subprocess.run(
+        [sys.executable, str(ROOT / "examples/tasks/make_repos.py"), str(folder)], check=True, capture_output=True
+    )
+    task = load_tasks(ROOT / "examples/tasks/tasks.jsonl", ids=["orchard-examples__textkit-2"])[0]
+    return task, task_image(task, RepoMirror(folder))
+
+
+def well_formed(episode) -> None:
+    roles = [m["role"] for m in episode.messages]
+    assert roles[:2] == ["system", "user"] and roles[2] == "assistant"
+    assert all(s.prompt_tokens > 0 and s.completion_tokens > 0 for s in episode.steps)
+    assert episode.patch == "" and episode.status in ("truncated", "aborted", "completed")
+
+
+@pytest.mark.docker
+def test_a_tiny_local_model_runs_a_whole_episode(tiny, example, client):
+    task, image = example
+    model = TransformersModel(str(tiny), max_new_tokens=12)
+    harness = harness_factory("bash")()
+    with client.create(image) as box:
+        episode = run_episode(
+            task, harness, model.session(task, harness), box, model_name=model.name, limits=Limits(max_steps=3)
+        )
+    well_formed(episode)
+    assert len(episode.steps) == 3 and episode.format_errors == 3  # random weights: never a valid block
+
+
+@pytest.fixture(scope="module")
+def served(tiny):
+    """`transformers serve` on a free loopback port, with the tiny model preloaded."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tiny.parent / "serve.log", "wb")  # noqa: SIM115
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "transformers"),
+            "serve",
+            str(tiny),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, (tiny.parent / "serve.log").read_text()[-2000:]
+            time.sleep(0.1)
+        yield f"{url}/v1", str(tiny)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
+@pytest.mark.docker
+def test_the_openai_client_against_a_real_local_server(served, example, client):
+    base_url, name = served
+    model = OpenAIModel(name, base_url=base_url, max_tokens=12)
+    reply = model.complete([{"role": "user", "content": "Say hello."}], None)
+    assert isinstance(reply.content, str) and reply.prompt_tokens > 0 and reply.completion_tokens > 0
+    task, image = example
+    harness = harness_factory("cli")()
+    with client.create(image) as box:
+        episode = run_episode(
+            task, harness, model.session(task, harness), box, model_name=name, limits=Limits(max_steps=2)
+        )
+    well_formed(episode)
+    assert harness.tools() and len(episode.steps) <= 2
+
+
+def test_model_specs_and_a_dead_server():
+    assert model_from_spec("noop").name == "noop" and model_from_spec("scripted:gold").name == "scripted:gold"
+    with pytest.raises(ConfigError, match="unknown model 'gpt'"):
+        model_from_spec("gpt")
+    with pytest.raises(ConfigError, match="no model folder at /nope"):
+        model_from_spec("hf:/nope")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here
+    dead = OpenAIModel("m", base_url=f"http://127.0.0.1:{port}/v1", timeout=5)
+    with pytest.raises(ModelError, match="the model server failed: APIConnectionError"):
+        dead.complete([{"role": "user", "content": "hi"}], None)

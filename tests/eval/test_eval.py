@@ -1,0 +1,116 @@
+"""`orchard eval` end to end on the example tasks, and every way an attempt can go wrong."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlmodel import select
+from typer.testing import CliRunner
+
+from orchard.cli import app
+from orchard.store import ResultRecord, RunRecord, TrajectoryRecord, session
+from orchard.tasks import load_tasks
+
+pytestmark = pytest.mark.docker
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = ROOT / "examples" / "tasks" / "tasks.jsonl"
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("mirror")
+    subprocess.run(
+        [sys.executable, str(ROOT / "examples/tasks/make_repos.py"), str(folder)], check=True, capture_output=True
+    )
+    return folder
+
+
+def eval_(*args: str):
+    result = runner.invoke(app, ["eval", "--tasks", str(TASKS), *args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_gold_predictions_resolve_every_example_task_and_a_rerun_resumes(orchard_home, base_image, mirror, tmp_path):
+    report = tmp_path / "report.json"
+    eval_("--predictions", "gold", "--repos", str(mirror), "--report", str(report))
+    data = json.loads(report.read_text())
+    total = len(load_tasks(TASKS))
+    assert data["resolved_instances"] == data["total_instances"] == total and data["error_ids"] == []
+    with session() as db:
+        (run,) = db.exec(select(RunRecord)).all()
+        assert run.status == "finished" and json.loads(run.summary)["harnesses"]["gold"]["resolve_rate"] == 1.0
+        first = {r.id: r.created_at for r in db.exec(select(ResultRecord))}
+    assert (orchard_home / "runs" / run.id / "report.json").is_file()
+    eval_("--predictions", "gold", "--repos", str(mirror))  # the same evaluation: nothing is redone
+    with session() as db:
+        assert {r.id: r.created_at for r in db.exec(select(ResultRecord))} == first
+
+
+def test_scripted_model_resolves_everything_under_every_harness_and_noop_nothing(orchard_home, base_image, mirror):
+    result = eval_(
+        "--model", "scripted:gold", "--harness", "bash,tools,cli", "--repos", str(mirror), "--concurrency", "2"
+    )
+    total = len(load_tasks(TASKS))
+    for harness in ("bash", "tools", "cli"):
+        assert f"│ {harness:<7} │    {total}/{total} │ 100.0% │" in result.output
+    eval_("--model", "noop", "--harness", "bash,tools,cli", "--repos", str(mirror))
+    with session() as db:
+        trajectories = db.exec(select(TrajectoryRecord)).all()
+        assert len(trajectories) == 2 * 3 * total
+        scripted = [t for t in trajectories if t.model == "scripted:gold"]
+        assert all(t.resolved and t.status == "completed" and t.patch for t in scripted)
+        noop = [t for t in trajectories if t.model == "noop"]
+        assert all(t.outcome == "empty_patch" and not t.resolved for t in noop)
+        messages = json.loads(scripted[0].messages)
+        assert [m["role"] for m in messages[:2]] == ["system", "user"] and messages[2]["role"] == "assistant"
+
+
+def test_user_mistakes_are_one_line(orchard_home, mirror):
+    for args, message in [
+        (["--harness", "bash"], "say what to evaluate"),
+        (["--model", "gpt-9000"], "unknown model 'gpt-9000'"),
+        (["--model", "noop", "--harness", "vim"], "unknown harness 'vim'"),
+        (["--predictions", "nope.jsonl"], "no predictions file nope.jsonl"),
+        (["--model", "noop", "--repos", "/nope"], "--repos /nope is not a folder"),
+    ]:
+        result = runner.invoke(app, ["eval", "--tasks", str(TASKS), *args])
+        assert result.exit_code == 1 and result.stderr.startswith(f"error: {message}"), (args, result.output)
+        assert result.stderr.count("\n") == 1
+
+
+def test_trajectories_round_trip_through_jsonl(orchard_home, base_image, mirror, tmp_path):
+    eval_(
+        "--model", "scripted:gold", "--harness", "tools", "--ids", "orchard-examples__textkit-1", "--repos", str(mirror)
+    )
+    out = tmp_path / "trajectories.jsonl"
+    exported = runner.invoke(app, ["trajectories", "export", str(out)])
+    assert exported.exit_code == 0 and exported.output == f"wrote 1 trajectories to {out}\n"
+    line = json.loads(out.read_text())
+    assert set(line) == {"tools", "messages", "metadata"}
+    metadata = json.loads(line["metadata"])
+    assert metadata["verify_status"] == "resolved" and metadata["harness"] == "tools"
+    assert [t["function"]["name"] for t in json.loads(line["tools"])] == [
+        "execute_bash",
+        "str_replace_editor",
+        "finish",
+    ]
+    assert any(m.get("tool_calls") for m in line["messages"])
+
+    from orchard.agents.trajectories import import_file
+
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    assert import_file(out, db_url=other) == (1, 0)
+    assert import_file(out, db_url=other) == (0, 1)  # already there: skipped, not doubled
+    with session(other) as db:
+        (copy,) = db.exec(select(TrajectoryRecord)).all()
+        assert copy.resolved is True and copy.steps == 5 and json.loads(copy.messages) == line["messages"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": "hello"}\n')
+    failed = runner.invoke(app, ["trajectories", "import", str(bad)])
+    assert failed.exit_code == 1 and failed.stderr.startswith(f"error: {bad}:1: messages must be a list")

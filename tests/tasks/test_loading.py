@@ -1,0 +1,110 @@
+"""Task sets: the schema, JSON / JSONL / dataset folders, and one clear line per bad record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchard.errors import ConfigError, InvalidRequest
+from orchard.tasks import SWETask, load_tasks
+from orchard.tasks.grading import parse_pytest_summary, touched_files
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "tasks.jsonl"
+
+
+def task(**overrides) -> dict:
+    base = {
+        "instance_id": "acme__widgets-1",
+        "repo": "acme/widgets",
+        "base_commit": "abc123",
+        "problem_statement": "It breaks.",
+        "FAIL_TO_PASS": ["tests/test_a.py::test_new"],
+        "PASS_TO_PASS": ["tests/test_a.py::test_old"],
+    }
+    return {**base, **overrides}
+
+
+def test_the_example_set_loads_and_hides_the_fix_from_agents():
+    tasks = load_tasks(EXAMPLES)
+    assert len(tasks) >= 12 and len({t.repo for t in tasks}) >= 3
+    public = tasks[0].public()
+    assert set(public) == {"instance_id", "repo", "problem_statement", "hints_text", "workdir"}
+    assert tasks[0].extra["difficulty"] in ("easy", "medium", "hard")  # unknown fields are kept
+    assert load_tasks(EXAMPLES, ids=[tasks[1].instance_id]) == [tasks[1]]
+
+
+def test_swebench_json_string_lists_and_defaults():
+    parsed = SWETask.model_validate(task(FAIL_TO_PASS='["t::a", "t::b"]', PASS_TO_PASS=""))
+    assert parsed.fail_to_pass == ["t::a", "t::b"] and parsed.pass_to_pass == []
+    assert parsed.workdir == "/testbed" and parsed.tests == ["t::a", "t::b"]
+    assert parsed.record()["FAIL_TO_PASS"] == ["t::a", "t::b"]
+
+
+def test_json_list_and_jsonl(tmp_path: Path):
+    listed = tmp_path / "tasks.json"
+    listed.write_text(json.dumps([task(), task(instance_id="acme__widgets-2")]))
+    assert [t.instance_id for t in load_tasks(listed)] == ["acme__widgets-1", "acme__widgets-2"]
+    lines = tmp_path / "tasks.jsonl"
+    lines.write_text(json.dumps(task()) + "\n\n")
+    assert len(load_tasks(lines)) == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"instance_id": "x"', "tasks.jsonl:1: not valid JSON"),
+        (json.dumps(task(repo="widgets")), "line 1: repo: Value error, repo 'widgets' must be 'owner/name'"),
+        (json.dumps(task(FAIL_TO_PASS=[])), "FAIL_TO_PASS is empty"),
+        (json.dumps(task(instance_id="../etc")), "instance_id '../etc' must be letters"),
+        (json.dumps(task()) + "\n" + json.dumps(task()), "line 2: instance_id acme__widgets-1 appears twice"),
+        ("", "holds no tasks"),
+    ],
+)
+def test_bad_task_files_name_the_line_and_the_field(tmp_path: Path, content: str, message: str):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")) as error:
+        load_tasks(path)
+    assert "\n" not in str(error.value)
+
+
+def test_missing_sources_and_ids(tmp_path: Path):
+    with pytest.raises(ConfigError, match="no task file or dataset at"):
+        load_tasks(tmp_path / "nope.jsonl")
+    with pytest.raises(InvalidRequest, match="has no task nope"):
+        load_tasks(EXAMPLES, ids=["nope"])
+
+
+def test_a_local_hugging_face_dataset_folder(tmp_path: Path):
+    """The hub cannot be reached here; a dataset saved to disk takes the same loading path."""
+    import datasets
+
+    rows = [task(FAIL_TO_PASS=json.dumps(["t::a"]), PASS_TO_PASS=json.dumps([]))]
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "saved"))
+    assert load_tasks(tmp_path / "saved")[0].fail_to_pass == ["t::a"]
+    with pytest.raises(ConfigError, match="has no split 'dev'"):
+        load_tasks(tmp_path / "saved", split="dev")
+    parquet = tmp_path / "hub-like" / "data"
+    parquet.mkdir(parents=True)
+    datasets.Dataset.from_list(rows).to_parquet(str(parquet / "test-00000-of-00001.parquet"))
+    assert load_tasks(tmp_path / "hub-like")[0].instance_id == "acme__widgets-1"
+
+
+def test_pytest_summary_and_diff_parsing():
+    log = (
+        "PASSED tests/test_a.py::test_x\n"
+        "FAILED tests/test_a.py::test_y - AssertionError: 1 != 2\n"
+        "ERROR tests/test_b.py - ImportError\n"
+        "PASSED tests/test_a.py::test_p[1-2]\n"
+        "something else\n"
+    )
+    assert parse_pytest_summary(log) == {
+        "tests/test_a.py::test_x": "PASSED",
+        "tests/test_a.py::test_y": "FAILED",
+        "tests/test_b.py": "ERROR",
+        "tests/test_a.py::test_p[1-2]": "PASSED",
+    }
+    diff = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\ndiff --git a/old.py b/new.py\n"
+    assert touched_files(diff) == ["x.py", "old.py", "new.py"]
