@@ -3,10 +3,17 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 export PATH := justfile_directory() + "/.venv/bin:" + env_var("PATH")
 
 # the main job: the service on the local Docker engine, real commands in sandboxes
-demo: images
+demo: images example-repos
     orchard up
     python examples/quickstart.py || (orchard down; exit 1)
     orchard down
+    orchard eval --tasks examples/tasks/tasks.jsonl --repos {{repos}} --model scripted:gold --harness bash,tools,cli
+
+repos := env_var_or_default("XDG_CACHE_HOME", env_var("HOME") + "/.cache") + "/orchard/example-repos"
+
+# the example tasks' repositories, as git repositories with fixed commits
+example-repos:
+    python examples/tasks/make_repos.py --force {{repos}} >/dev/null
 
 # base images, built offline and cached
 images:

@@ -441,7 +441,7 @@ def eval_(
     Console().print(results_table(result.summary, f"run {result.run_id} - {name}"))
     if report is not None:
         report.write_text(json.dumps(result.summary["report"], indent=2) + "\n")
-    typer.echo(f"report: {report or result.folder / 'report.json'}")
+    typer.echo(f"report: {result.folder / 'report.md'} (SWE-bench JSON: {report or result.folder / 'report.json'})")
 
 
 @command(trajectories_app, "export")
