@@ -376,7 +376,7 @@ def eval_(
     from rich.console import Console
 
     from orchard.env import Client
-    from orchard.eval.console import EvalProgress, results_table
+    from orchard.eval.console import EvalProgress, matrix_table, results_table
     from orchard.eval.runner import evaluate
     from orchard.tasks import load_tasks
     from orchard.tasks.environments import RepoMirror
@@ -386,16 +386,12 @@ def eval_(
     task_list = load_tasks(tasks, split=split, ids=ids.split(",") if ids else None)
     mirror = RepoMirror(repos)
     source = str(Path(tasks).resolve()) if Path(tasks).exists() else tasks
+    jobs: list[tuple[str, list, list[str], int, Any, dict[str, Any]]] = []
     if predictions is not None:
         from orchard.eval.predictions import load_predictions, solver_for
 
         name, patches = load_predictions(predictions, task_list)
-        chosen, harnesses, samples, solver = (
-            [t for t in task_list if t.instance_id in patches],
-            [name],
-            1,
-            solver_for(patches),
-        )
+        chosen = [t for t in task_list if t.instance_id in patches]
         digest = hashlib.sha256(json.dumps(sorted(patches.items())).encode()).hexdigest()
         config: dict[str, Any] = {
             "tasks": source,
@@ -403,6 +399,7 @@ def eval_(
             "predictions": name,
             "patches": digest,
         }
+        jobs.append((name, chosen, [name], 1, solver_for(patches), config))
     else:
         from orchard.agents import harness_factory
         from orchard.agents.loop import Limits
@@ -412,36 +409,44 @@ def eval_(
         harnesses = [h.strip() for h in harness.split(",") if h.strip()]
         for each in harnesses:
             harness_factory(each)  # a wrong name is one line now, not an error per attempt
-        agent = model_from_spec(model or "", base_url=base_url)
-        chosen, samples, solver = task_list, k, agent_solver(agent, Limits(max_steps=max_steps))
-        config = {
-            "tasks": source,
-            "ids": [t.instance_id for t in chosen],
-            "model": model,
-            "base_url": base_url,
-            "harnesses": harnesses,
-            "k": k,
-            "max_steps": max_steps,
-        }
-        name = agent.name
-    with Client() as client, EvalProgress() as progress:
-        result = evaluate(
-            chosen,
-            harnesses,
-            samples,
-            solver,
-            client=client,
-            mirror=mirror,
-            config=config,
-            name=f"eval {Path(tasks).name} {name}",
-            concurrency=concurrency,
-            on_progress=progress,
-            report_ids=[t.instance_id for t in task_list],
-        )
-    Console().print(results_table(result.summary, f"run {result.run_id} - {name}"))
+        for spec in [m.strip() for m in (model or "").split(",") if m.strip()]:
+            agent = model_from_spec(spec, base_url=base_url)
+            config = {
+                "tasks": source,
+                "ids": [t.instance_id for t in task_list],
+                "model": spec,
+                "base_url": base_url,
+                "harnesses": harnesses,
+                "k": k,
+                "max_steps": max_steps,
+            }
+            jobs.append((agent.name, task_list, harnesses, k, agent_solver(agent, Limits(max_steps=max_steps)), config))
+    console, summaries = Console(), {}
+    with Client() as client:
+        for name, chosen, harnesses, samples, solver, config in jobs:
+            with EvalProgress() as progress:
+                result = evaluate(
+                    chosen,
+                    harnesses,
+                    samples,
+                    solver,
+                    client=client,
+                    mirror=mirror,
+                    config=config,
+                    name=f"eval {Path(tasks).name} {name}",
+                    concurrency=concurrency,
+                    on_progress=progress,
+                    report_ids=[t.instance_id for t in task_list],
+                )
+            console.print(results_table(result.summary, f"run {result.run_id} - {name}"))
+            typer.echo(f"report: {result.folder / 'report.md'} (SWE-bench JSON: {result.folder / 'report.json'})")
+            summaries[name] = result.summary
+    if len(summaries) > 1:
+        console.print(matrix_table(summaries))
     if report is not None:
-        report.write_text(json.dumps(result.summary["report"], indent=2) + "\n")
-    typer.echo(f"report: {result.folder / 'report.md'} (SWE-bench JSON: {report or result.folder / 'report.json'})")
+        reports = {name: summary["report"] for name, summary in summaries.items()}
+        report.write_text(json.dumps(reports if len(reports) > 1 else next(iter(reports.values())), indent=2) + "\n")
+        typer.echo(f"SWE-bench report: {report}")
 
 
 @command(trajectories_app, "export")

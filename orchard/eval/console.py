@@ -71,3 +71,16 @@ def results_table(summary: dict[str, Any], title: str) -> Table:
         ]
         table.add_row(*cells)
     return table
+
+
+def matrix_table(summaries: dict[str, dict[str, Any]]) -> Table:
+    """Models x harnesses: the resolve rate of each pair, so harness lock-in shows."""
+    harnesses = sorted({h for summary in summaries.values() for h in summary["harnesses"]})
+    table = Table(title="resolve rate, model x harness")
+    table.add_column("model")
+    for harness in harnesses:
+        table.add_column(harness, justify="right")
+    for model, summary in summaries.items():
+        rows = summary["harnesses"]
+        table.add_row(model, *(f"{rows[h]['resolve_rate']:.1%}" if h in rows else "-" for h in harnesses))
+    return table

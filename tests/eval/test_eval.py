@@ -114,3 +114,53 @@ def test_trajectories_round_trip_through_jsonl(orchard_home, base_image, mirror,
     bad.write_text('{"messages": "hello"}\n')
     failed = runner.invoke(app, ["trajectories", "import", str(bad)])
     assert failed.exit_code == 1 and failed.stderr.startswith(f"error: {bad}:1: messages must be a list")
+
+
+def test_a_custom_harness_and_the_model_x_harness_matrix(orchard_home, base_image, mirror):
+    ids = "orchard-examples__inventory-1,orchard-examples__timecalc-2"
+    custom = f"{ROOT / 'examples' / 'custom_harness.py'}:XmlHarness"
+    result = eval_("--model", "scripted:gold,noop", "--harness", f"bash,{custom}", "--ids", ids, "--repos", str(mirror))
+    assert "resolve rate, model x harness" in result.output
+    rows = [line for line in result.output.splitlines() if line.startswith(("│ scripted:gold", "│ noop"))]
+    assert any("100.0%" in r and r.count("100.0%") == 2 for r in rows), result.output
+    assert any(r.startswith("│ noop") and r.count("0.0%") == 2 for r in rows), result.output
+
+
+def test_an_interrupted_eval_continues_where_it_stopped(orchard_home, base_image, mirror, docker_client):
+    import os
+    import signal
+    import time
+
+    args = ["--tasks", str(TASKS), "--model", "scripted:gold", "--harness", "bash", "--repos", str(mirror)]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchard", "eval", *args, "--concurrency", "1"],
+        env={**os.environ, "ORCHARD_HOME": str(orchard_home)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    recorded: dict[str, float] = {}
+    while time.monotonic() < deadline and len(recorded) < 3:
+        time.sleep(0.2)
+        try:
+            with session() as db:
+                recorded = {r.id: r.created_at for r in db.exec(select(ResultRecord))}
+        except Exception:  # the store may not exist yet
+            continue
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert 3 <= len(recorded) < len(load_tasks(TASKS))
+
+    def orphans() -> list[str]:
+        managed = docker_client.containers.list(all=True, filters={"label": "org.orchard.managed=true"})
+        return [c.name for c in managed if f":{process.pid}:" in c.labels.get("org.orchard.owner", "")]
+
+    killed_with = orphans()  # usually the sandbox it was working in
+    eval_(*args[2:])
+    with session() as db:
+        (run,) = db.exec(select(RunRecord)).all()
+        results = {r.id: r for r in db.exec(select(ResultRecord))}
+    assert run.status == "finished" and len(results) == len(load_tasks(TASKS))
+    assert all(results[i].created_at == at for i, at in recorded.items())  # kept, not redone
+    assert all(r.resolved for r in results.values())
+    assert orphans() == [], f"left behind by the killed run: {killed_with}"
