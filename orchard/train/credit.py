@@ -1,0 +1,202 @@
+"""Credit assignment: which steps of a trajectory moved it towards a fix.
+
+V(s_t) = P(resolved | history up to t) is estimated at key steps and interpolated linearly in
+between; s_0 is the state before the first action and s_T the state after the last. The credit of
+step t is c_t = V(s_{t+1}) - V(s_t), and rise segments are the maximal runs of steps with
+c_t >= epsilon (0.05 by default): in an unresolved trajectory, they are the productive stretches
+worth learning from.
+
+Two estimators share one interface (`values(trajectory) -> {state index: value}`):
+
+* `ReplayEstimator` (objective, offline): the trajectory's actions are replayed in a fresh
+  sandbox of the task's image through its harness; after each step the working tree's diff is
+  taken, and the share of FAIL_TO_PASS tests it makes pass (graded in another fresh sandbox, once
+  per distinct diff) is the value of that state.
+* `JudgeEstimator`: a model through any model adapter reads the trajectory up to t and the known
+  final test outcome and answers a probability.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sqlmodel import col, select
+
+from orchard.errors import OrchardError
+from orchard.store import StepRecord, TrajectoryRecord, session
+
+if TYPE_CHECKING:
+    from orchard.agents.models import Model
+    from orchard.env.client import Client
+    from orchard.tasks.schema import SWETask
+
+EPSILON = 0.05
+
+
+def interpolate(known: dict[int, float], states: int) -> list[float]:
+    """Values for states 0..states-1 from values at some of them (linear in between, flat at the ends)."""
+    if not known:
+        raise ValueError("no value is known: cannot interpolate")
+    points = sorted((i, v) for i, v in known.items() if 0 <= i < states)
+    values = []
+    for state in range(states):
+        before = [p for p in points if p[0] <= state]
+        after = [p for p in points if p[0] >= state]
+        if not before:
+            values.append(after[0][1])
+        elif not after:
+            values.append(before[-1][1])
+        else:
+            (i0, v0), (i1, v1) = before[-1], after[0]
+            values.append(v0 if i1 == i0 else v0 + (v1 - v0) * (state - i0) / (i1 - i0))
+    return values
+
+
+def credits(values: Sequence[float]) -> list[float]:
+    """c_t = V(s_{t+1}) - V(s_t) for each step t (one fewer than the states)."""
+    return [values[t + 1] - values[t] for t in range(len(values) - 1)]
+
+
+def rise_segments(step_credits: Sequence[float], epsilon: float = EPSILON) -> list[tuple[int, int]]:
+    """Maximal runs of steps with credit >= epsilon, as (first step, last step + 1)."""
+    segments, start = [], None
+    for t, c in enumerate(step_credits):
+        if c >= epsilon and start is None:
+            start = t
+        elif c < epsilon and start is not None:
+            segments.append((start, t))
+            start = None
+    if start is not None:
+        segments.append((start, len(step_credits)))
+    return segments
+
+
+@dataclass
+class Assessed:
+    values: list[float]
+    """V(s_0) .. V(s_T)."""
+    credits: list[float]
+    segments: list[tuple[int, int]]
+
+    def in_segment(self, step: int) -> bool:
+        return any(a <= step < b for a, b in self.segments)
+
+
+class Estimator(Protocol):
+    def values(self, trajectory: TrajectoryRecord, steps: list[StepRecord], task: SWETask) -> dict[int, float]: ...
+
+
+def assess(
+    trajectory: TrajectoryRecord,
+    task: SWETask,
+    estimator: Estimator,
+    *,
+    epsilon: float = EPSILON,
+    db_url: str | None = None,
+) -> Assessed:
+    """Estimate, interpolate, and store each step's value (of the state after it) and credit."""
+    with session(db_url) as db:
+        query = select(StepRecord).where(StepRecord.trajectory_id == trajectory.id).order_by(col(StepRecord.index))
+        steps = list(db.exec(query))
+    known = estimator.values(trajectory, steps, task)
+    known.setdefault(0, 0.0)  # before any action, FAIL_TO_PASS fails by construction
+    if trajectory.resolved is not None:
+        known[len(steps)] = 1.0 if trajectory.resolved else known.get(len(steps), 0.0)
+    values = interpolate(known, len(steps) + 1)
+    step_credits = credits(values)
+    result = Assessed(values, step_credits, rise_segments(step_credits, epsilon))
+    with session(db_url) as db:
+        for step, value, credit in zip(steps, values[1:], step_credits, strict=True):
+            record = db.get(StepRecord, step.id)
+            if record is not None:
+                record.value, record.credit = value, credit
+                db.add(record)
+    return result
+
+
+class ReplayEstimator:
+    """Test progress by replay: the share of FAIL_TO_PASS tests passing after each step."""
+
+    def __init__(self, client: Client, image: str, *, test_timeout: float = 300.0):
+        self.client, self.image, self.test_timeout = client, image, test_timeout
+        self._graded: dict[str, float] = {}
+
+    def values(self, trajectory: TrajectoryRecord, steps: list[StepRecord], task: SWETask) -> dict[int, float]:
+        from orchard.agents import harness_factory
+        from orchard.agents.base import Action
+        from orchard.agents.loop import working_tree_patch
+
+        harness = harness_factory(trajectory.harness)()
+        known: dict[int, float] = {0: 0.0}
+        with self.client.create(self.image, memory="4Gi") as box:
+            box.exec(f"cd {task.workdir}", session="agent")
+            for step in steps:
+                for action in json.loads(step.actions):
+                    if action["name"] == "submit":
+                        continue
+                    arguments = action["arguments"]
+                    if isinstance(arguments, str):  # imported trajectories keep the raw JSON text
+                        arguments = json.loads(arguments or "{}")
+                    try:
+                        harness.execute(Action(action["name"], arguments), box, task.workdir)
+                    except OrchardError:
+                        break
+                known[step.index + 1] = self._progress(task, working_tree_patch(box, task.workdir))
+        return known
+
+    def _progress(self, task: SWETask, patch: str) -> float:
+        from orchard.tasks.grading import grade_patch
+
+        if not patch.strip():
+            return 0.0
+        key = hashlib.sha256(patch.encode()).hexdigest()
+        if key not in self._graded:
+            grade = grade_patch(self.client, task, patch, self.image, timeout=self.test_timeout)
+            passed = len(grade.fail_to_pass["success"])
+            self._graded[key] = passed / max(1, len(task.fail_to_pass))
+        return self._graded[key]
+
+
+JUDGE_PROMPT = """You judge a software engineering agent's progress on an issue. You see the issue, the
+agent's steps up to a point, and how the attempt ended. Estimate the probability that, from the
+state after the last step shown, the attempt goes on to resolve the issue. Answer with one number
+between 0 and 1 and nothing else."""
+_NUMBER = re.compile(r"(?<![\d.])(0(?:\.\d+)?|1(?:\.0+)?|\.\d+)(?![\d.])")
+
+
+class JudgeEstimator:
+    """A judge model's probability at key steps (every `every`-th step and the last)."""
+
+    def __init__(self, model: Model, *, every: int = 2, max_chars: int = 12_000):
+        self.model, self.every, self.max_chars = model, every, max_chars
+
+    def values(self, trajectory: TrajectoryRecord, steps: list[StepRecord], task: SWETask) -> dict[int, float]:
+        from orchard.agents.bash import BashHarness
+
+        outcome = "resolved the issue" if trajectory.resolved else "did not resolve the issue"
+        known: dict[int, float] = {}
+        keys = sorted({*range(self.every, len(steps) + 1, self.every), len(steps)} - {0})
+        session_ = self.model.session(task, BashHarness())
+        for key in keys:
+            shown = "\n\n".join(
+                f"Step {s.index}: {s.reply[:800]}\nActions: {s.actions[:800]}\nResult: {s.observation[:800]}"
+                for s in steps[:key]
+            )[-self.max_chars :]
+            messages: list[dict[str, Any]] = [
+                {"role": "system", "content": JUDGE_PROMPT},
+                {
+                    "role": "user",
+                    "content": f"Issue:\n{task.problem_statement[:3000]}\n\nSteps:\n{shown}\n\n"
+                    f"In the end the attempt {outcome}. Probability after step {key - 1}?",
+                },
+            ]
+            reply = session_.complete(messages, None)
+            match = _NUMBER.search(reply.content or "")
+            if match:
+                known[key] = min(1.0, max(0.0, float(match.group(1))))
+        return known
