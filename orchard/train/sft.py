@@ -1,0 +1,219 @@
+"""Credit-assignment SFT: per-token labels built from the chat template, trained with TRL.
+
+Resolved trajectories train on every assistant turn; unresolved ones only on the assistant turns
+inside rise segments (steps whose credit is >= epsilon), with the whole earlier history kept as
+context. System, user and tool messages (the task and every observation) never carry loss.
+
+Labels are built here, not by TRL: the conversation is rendered with the model's chat template
+(tools included), and each assistant turn's characters are located by rendering the conversation
+up to it, with and without it; tokens whose characters fall in a trained turn keep their id as
+label, all others get -100. TRL's `SFTTrainer` then receives `input_ids` and `labels` as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import col, select
+
+from orchard.errors import ConfigError
+from orchard.store import StepRecord, TrajectoryRecord, session
+from orchard.train.credit import EPSILON
+
+IGNORE = -100
+
+
+def assistant_spans(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None
+) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character span of each assistant turn in it."""
+    render = lambda part, gen: tokenizer.apply_chat_template(  # noqa: E731
+        part, tools=tools or None, tokenize=False, add_generation_prompt=gen
+    )
+    full = render(messages, False)
+    spans = []
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before, after = render(messages[:index], True), render(messages[: index + 1], False)
+        if not (after.startswith(before) and full.startswith(after)):
+            raise ConfigError(
+                "the chat template does not render a conversation prefix by prefix, so assistant turns "
+                "cannot be located; use a template like ChatML (Qwen, SmolLM, the tiny model)"
+            )
+        spans.append((len(before), len(after)))
+    return full, spans
+
+
+def token_labels(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict] | None,
+    trained_turns: set[int] | None = None,
+    max_length: int | None = None,
+) -> dict[str, list[int]] | None:
+    """`input_ids` and `labels` for one conversation; only assistant turns in `trained_turns`
+    (indices among assistant turns; None: all of them) are labelled. None if nothing is trained."""
+    text, spans = assistant_spans(tokenizer, messages, tools)
+    chosen = [span for turn, span in enumerate(spans) if trained_turns is None or turn in trained_turns]
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    input_ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    labels = [
+        token if any(start <= begin and end <= stop for start, stop in chosen) and end > begin else IGNORE
+        for token, (begin, end) in zip(input_ids, offsets, strict=True)
+    ]
+    if max_length is not None:
+        input_ids, labels = input_ids[:max_length], labels[:max_length]
+    if all(label == IGNORE for label in labels):
+        return None
+    return {"input_ids": list(input_ids), "labels": labels}
+
+
+@dataclass
+class SFTExample:
+    trajectory_id: str
+    harness: str
+    resolved: bool
+    trained_turns: int
+    input_ids: list[int]
+    labels: list[int]
+
+    def row(self) -> dict[str, Any]:
+        return {"input_ids": self.input_ids, "labels": self.labels, "harness": self.harness}
+
+
+def sft_examples(
+    tokenizer: Any,
+    *,
+    runs: Sequence[str] | None = None,
+    harnesses: Sequence[str] | None = None,
+    epsilon: float = EPSILON,
+    max_length: int | None = 4096,
+    db_url: str | None = None,
+) -> list[SFTExample]:
+    """Training examples from stored trajectories (of `runs`, or all): resolved whole, unresolved by
+    their rise segments (credit assignment must have run on them; without credits they are skipped)."""
+    with session(db_url) as db:
+        query = select(TrajectoryRecord).order_by(col(TrajectoryRecord.created_at))
+        if runs:
+            query = query.where(col(TrajectoryRecord.run_id).in_(list(runs)))
+        if harnesses:
+            query = query.where(col(TrajectoryRecord.harness).in_(list(harnesses)))
+        trajectories = list(db.exec(query))
+        steps = {
+            t.id: list(
+                db.exec(select(StepRecord).where(StepRecord.trajectory_id == t.id).order_by(col(StepRecord.index)))
+            )
+            for t in trajectories
+        }
+    examples = []
+    for trajectory in trajectories:
+        if trajectory.resolved is None:
+            continue
+        if trajectory.resolved:
+            turns: set[int] | None = None
+        else:
+            turns = {s.index for s in steps[trajectory.id] if s.credit is not None and s.credit >= epsilon}
+            if not turns:
+                continue
+        built = token_labels(
+            tokenizer, json.loads(trajectory.messages), json.loads(trajectory.tools), turns, max_length
+        )
+        if built is None:
+            continue
+        count = (
+            len([m for m in json.loads(trajectory.messages) if m["role"] == "assistant"])
+            if turns is None
+            else len(turns)
+        )
+        examples.append(
+            SFTExample(
+                trajectory.id, trajectory.harness, bool(trajectory.resolved), count, built["input_ids"], built["labels"]
+            )
+        )
+    return examples
+
+
+@dataclass
+class SFTSettings:
+    learning_rate: float = 1e-4
+    max_steps: int = 20
+    epochs: float = 1.0
+    batch_size: int = 1
+    gradient_accumulation: int = 1
+    max_length: int = 4096
+    seed: int = 0
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    lora: bool = False
+    lora_rank: int = 16
+
+
+def train_sft(
+    model_path: str | Path,
+    examples: Sequence[SFTExample],
+    output_dir: str | Path,
+    settings: SFTSettings | None = None,
+    callbacks: list | None = None,
+) -> dict[str, Any]:
+    """One TRL SFT run on pre-tokenized examples; the model is saved to `output_dir`."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    if not examples:
+        raise ConfigError("no SFT examples: collect trajectories and run credit assignment first")
+    settings = settings or SFTSettings()
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    peft_config = None
+    if settings.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=settings.lora_rank, lora_alpha=2 * settings.lora_rank, task_type="CAUSAL_LM")
+    args = SFTConfig(
+        output_dir=str(output_dir),
+        learning_rate=settings.learning_rate,
+        max_steps=settings.max_steps,
+        num_train_epochs=settings.epochs,
+        per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=settings.gradient_accumulation,
+        max_length=settings.max_length,
+        seed=settings.seed,
+        bf16=settings.bf16,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=not torch.cuda.is_available(),
+        dataset_kwargs={"skip_prepare_dataset": True},
+        remove_unused_columns=False,
+        **({"gradient_checkpointing": True} if settings.gradient_checkpointing else {}),
+    )
+    dataset = Dataset.from_list([{"input_ids": e.input_ids, "labels": e.labels} for e in examples])
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=callbacks,
+    )
+    started = time.monotonic()
+    result = trainer.train()
+    trainer.save_model(str(output_dir))
+    tokenizer.save_pretrained(str(output_dir))
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return {
+        "examples": len(examples),
+        "steps": trainer.state.global_step,
+        "train_loss": result.training_loss,
+        "losses": losses,
+        "seconds": time.monotonic() - started,
+        "output_dir": str(output_dir),
+    }

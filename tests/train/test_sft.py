@@ -1,0 +1,84 @@
+"""SFT labels checked token by token on a hand-made trajectory, and TRL training the tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchard.agents.tools import TOOLS
+from orchard.train.sft import IGNORE, SFTExample, SFTSettings, assistant_spans, token_labels, train_sft
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from orchard.train.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny)
+
+
+def call(call_id: str, command: str) -> dict:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "execute_bash", "arguments": json.dumps({"command": command})},
+    }
+
+
+MESSAGES = [
+    {"role": "system", "content": "You fix issues."},
+    {"role": "user", "content": "ISSUE-TEXT wrap() breaks lines that fit"},
+    {"role": "assistant", "content": "FIRST-look", "tool_calls": [call("c0", "ls")]},
+    {"role": "tool", "tool_call_id": "c0", "content": "OBSERVATION-ONE textkit tests"},
+    {"role": "assistant", "content": "SECOND-fix", "tool_calls": [call("c1", "sed -i s/</<=/ textkit/wrap.py")]},
+    {"role": "tool", "tool_call_id": "c1", "content": "OBSERVATION-TWO"},
+    {
+        "role": "assistant",
+        "content": "THIRD-done",
+        "tool_calls": [{"id": "c2", "type": "function", "function": {"name": "finish", "arguments": "{}"}}],
+    },
+    {"role": "tool", "tool_call_id": "c2", "content": "Submitted."},
+]
+
+
+def test_labels_cover_exactly_the_trained_assistant_turns(tokenizer):
+    text, spans = assistant_spans(tokenizer, MESSAGES, TOOLS)
+    assert [text[a:b].split("<tool_call>")[0] for a, b in spans] == ["FIRST-look", "SECOND-fix", "THIRD-done"]
+    only_second = token_labels(tokenizer, MESSAGES, TOOLS, trained_turns={1})
+    ids, labels = only_second["input_ids"], only_second["labels"]
+    assert len(ids) == len(labels)
+    kept = [i for i, label in enumerate(labels) if label != IGNORE]
+    assert all(labels[i] == ids[i] for i in kept)  # a trained token's label is itself
+    assert kept == list(range(kept[0], kept[-1] + 1))  # one contiguous turn
+    assert tokenizer.decode([ids[i] for i in kept]) == text[spans[1][0] : spans[1][1]]
+    assert text[spans[1][0] : spans[1][1]].endswith("<|im_end|>\n")  # it learns to stop
+    everything = token_labels(tokenizer, MESSAGES, TOOLS, trained_turns=None)
+    decoded = tokenizer.decode([t for t in everything["labels"] if t != IGNORE])
+    assert decoded == "".join(text[a:b] for a, b in spans)
+    for marker in ("OBSERVATION-ONE", "OBSERVATION-TWO", "ISSUE-TEXT", "You fix issues", 'execute_bash", "description'):
+        assert marker not in decoded  # the task, tools and observations never carry loss
+    assert token_labels(tokenizer, MESSAGES, TOOLS, trained_turns=set()) is None
+    assert token_labels(tokenizer, MESSAGES, TOOLS, max_length=20) is None  # cut before any assistant turn
+    cut = token_labels(tokenizer, MESSAGES, TOOLS, trained_turns={1}, max_length=kept[0] + 3)
+    assert len(cut["input_ids"]) == kept[0] + 3 and cut["labels"][-3:] == ids[kept[0] : kept[0] + 3]
+
+
+def test_sft_trains_the_tiny_model_with_trl(tiny, tokenizer, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    before = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(tiny).state_dict().items()}
+    built = token_labels(tokenizer, MESSAGES, TOOLS, trained_turns=None)
+    examples = [SFTExample("t", "tools", True, 3, built["input_ids"], built["labels"])] * 4
+    result = train_sft(tiny, examples, tmp_path / "sft", SFTSettings(max_steps=3, learning_rate=1e-2, max_length=1024))
+    assert result["steps"] == 3 and len(result["losses"]) == 3 and all(loss > 0 for loss in result["losses"])
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "sft").state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
