@@ -177,6 +177,7 @@ def train_sft(
         from peft import LoraConfig
 
         peft_config = LoraConfig(r=settings.lora_rank, lora_alpha=2 * settings.lora_rank, task_type="CAUSAL_LM")
+    extra: dict[str, Any] = {"gradient_checkpointing": True} if settings.gradient_checkpointing else {}
     args = SFTConfig(
         output_dir=str(output_dir),
         learning_rate=settings.learning_rate,
@@ -193,7 +194,7 @@ def train_sft(
         use_cpu=not torch.cuda.is_available(),
         dataset_kwargs={"skip_prepare_dataset": True},
         remove_unused_columns=False,
-        **({"gradient_checkpointing": True} if settings.gradient_checkpointing else {}),
+        **extra,
     )
     dataset = Dataset.from_list([{"input_ids": e.input_ids, "labels": e.labels} for e in examples])
     trainer = SFTTrainer(

@@ -1,0 +1,66 @@
+"""The value model learns a separable toy set; reranking submits the top-scored candidate."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from orchard.store import TrajectoryRecord
+from orchard.train.value import ValueModel, ValueSettings, rerank, train_value
+
+
+def record(index: int, resolved: bool, instance: str = "t") -> TrajectoryRecord:
+    word = "all tests pass, fixed" if resolved else "error traceback, still broken"
+    messages = [
+        {"role": "user", "content": "Fix the bug."},
+        {"role": "assistant", "content": f"Ran the tests: {word}."},
+        {"role": "user", "content": f"<output>\n{word}\n</output>"},
+    ]
+    return TrajectoryRecord(
+        id=f"{instance}-{index}",
+        instance_id=instance,
+        harness="bash",
+        model="m",
+        status="completed",
+        messages=json.dumps(messages),
+        tools="null",
+        patch="+fixed line" if resolved else "+broken line",
+        resolved=resolved,
+        created_at=time.time(),
+    )
+
+
+def test_a_value_model_separates_resolved_from_unresolved(tmp_path: Path):
+    from orchard.train.tiny import build_tiny_model
+
+    base = build_tiny_model(tmp_path / "tiny")
+    train = [record(i, i % 2 == 0) for i in range(8)]
+    result = train_value(base, train, tmp_path / "value", ValueSettings(max_steps=40, learning_rate=3e-3, batch_size=4))
+    assert result["steps"] == 40 and result["losses"][-1] < result["losses"][0]
+    model = ValueModel(tmp_path / "value")
+    good, bad = model.score([record(100, True), record(101, False)])
+    assert good > bad
+    with pytest.raises(Exception, match="resolved and unresolved"):
+        train_value(base, [record(0, True)], tmp_path / "nope")
+
+
+class Scores:
+    """Scores by trajectory id (the reranker only needs `score`)."""
+
+    def __init__(self, scores: dict[str, float]):
+        self.scores = scores
+
+    def score(self, records):
+        return [self.scores[r.id] for r in records]
+
+
+def test_rerank_picks_the_top_scored_candidate():
+    a = [record(0, False, "a"), record(1, True, "a"), record(2, False, "a")]
+    b = [record(0, False, "b"), record(1, False, "b")]
+    summary = rerank({"a": a, "b": b}, Scores({"a-0": 0.1, "a-1": 0.9, "a-2": 0.5, "b-0": 0.7, "b-1": 0.2}))
+    assert summary["picks"] == {"a": "a-1", "b": "b-0"}
+    assert summary["reranked"] == 0.5 and summary["oracle_pass_at_n"] == 0.5
+    assert summary["one_sample"] == pytest.approx((1 / 3 + 0) / 2)
