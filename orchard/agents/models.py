@@ -171,16 +171,28 @@ _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 class TransformersModel:
     """A local causal LM folder, generating on this machine (greedy unless `temperature` > 0)."""
 
-    def __init__(self, path: str, *, max_new_tokens: int = 256, temperature: float = 0.0):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def __init__(
+        self,
+        path: str | None = None,
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        model: Any = None,
+        tokenizer: Any = None,
+        name: str | None = None,
+    ):
+        """From a folder (`path`), or from a loaded `model` and `tokenizer` (a policy being trained)."""
+        if model is None or tokenizer is None:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        folder = Path(path).expanduser()
-        if not folder.is_dir():
-            raise ConfigError(f"no model folder at {path} (hub ids need a network: download it first)")
-        self.name = f"hf:{folder.name}"
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.model = AutoModelForCausalLM.from_pretrained(folder)
-        self.model.eval()
+            folder = Path(path or "").expanduser()
+            if not path or not folder.is_dir():
+                raise ConfigError(f"no model folder at {path} (hub ids need a network: download it first)")
+            tokenizer, model = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder)
+            model.eval()
+            name = name or f"hf:{folder.name}"
+        self.name = name or "policy"
+        self.tokenizer, self.model = tokenizer, model
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self._lock = threading.Lock()  # one generation at a time on this device
 
@@ -190,6 +202,7 @@ class TransformersModel:
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> Reply:
         import torch
 
+        device = next(self.model.parameters()).device
         prompt: Any = self.tokenizer.apply_chat_template(
             _plain_messages(messages),
             tools=cast(Any, tools or None),
@@ -202,7 +215,7 @@ class TransformersModel:
                 {"do_sample": True, "temperature": self.temperature} if self.temperature > 0 else {"do_sample": False}
             )
             output = self.model.generate(
-                **prompt,
+                **{k: v.to(device) for k, v in prompt.items()},
                 max_new_tokens=self.max_new_tokens,
                 pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
                 **sampling,
