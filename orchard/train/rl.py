@@ -21,6 +21,7 @@ import random
 import re
 import statistics
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -59,6 +60,8 @@ class RLSettings:
     seed: int = 0
     bf16: bool = False
     use_vllm: bool = False
+    parallel: int = 4
+    """Rollouts of a stride run at once."""
 
 
 @dataclass
@@ -135,7 +138,9 @@ class SandboxRollouts:
         return out
 
     def _stride(self, task: SWETask, policy: TransformersModel, count: int) -> list[Rollout]:
-        return [self._rollout(task, policy) for _ in range(count)]
+        """`count` rollouts at once: sandboxes and grading overlap, generation takes turns on the device."""
+        with ThreadPoolExecutor(max_workers=max(1, min(count, self.settings.parallel))) as pool:
+            return list(pool.map(lambda _: self._rollout(task, policy), range(count)))
 
     def _rollout(self, task: SWETask, policy: TransformersModel) -> Rollout:
         image = self.images[task.instance_id]
@@ -186,7 +191,7 @@ class SandboxRollouts:
         limit = cut + self.settings.max_completion_length
         prompt_ids, completion_ids = ids[:cut], ids[cut:limit]
         mask = [int(any(a <= begin and end <= b for a, b in spans)) for begin, end in offsets[cut:limit]]
-        with torch.no_grad():
+        with policy._lock, torch.no_grad():
             device = next(model.parameters()).device
             logits = model(input_ids=torch.tensor([ids[:limit]], device=device)).logits[0]
             logps = torch.log_softmax(logits.float(), dim=-1)
