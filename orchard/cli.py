@@ -40,6 +40,10 @@ app.add_typer(sandbox_app, name="sandbox")
 trajectories_app = typer.Typer(help="Agent trajectories as JSONL (the Orchard dataset's shape).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 app.add_typer(trajectories_app, name="trajectories")
+train_app = typer.Typer(help="Training: the SWE recipe, and its stages on their own.", no_args_is_help=True)
+model_app = typer.Typer(help="Models built offline.", no_args_is_help=True)
+app.add_typer(train_app, name="train")
+app.add_typer(model_app, name="model")
 
 
 def command(group: typer.Typer, *args: Any, **kwargs: Any) -> Callable:
@@ -368,6 +372,9 @@ def eval_(
     ] = None,
     report: Annotated[Path | None, typer.Option(help="Also write SWE-bench's report JSON here.")] = None,
     split: Annotated[str, typer.Option(help="Split of a dataset.")] = "test",
+    rerank: Annotated[
+        Path | None, typer.Option(help="A value model: submit its pick among the --k samples of each task.")
+    ] = None,
 ) -> None:
     """Evaluate a model under harnesses (or grade predictions) on a task set; stored and reported."""
     import hashlib
@@ -421,6 +428,8 @@ def eval_(
                 "max_steps": max_steps,
             }
             jobs.append((agent.name, task_list, harnesses, k, agent_solver(agent, Limits(max_steps=max_steps)), config))
+    if rerank is not None and not (rerank / "config.json").is_file():
+        raise OrchardError(f"no value model at {rerank} (train one with `orchard train value`)")
     console, summaries = Console(), {}
     with Client() as client:
         for name, chosen, harnesses, samples, solver, config in jobs:
@@ -439,6 +448,14 @@ def eval_(
                     report_ids=[t.instance_id for t in task_list],
                 )
             console.print(results_table(result.summary, f"run {result.run_id} - {name}"))
+            if rerank is not None and predictions is None:
+                from orchard.eval.rerank import rerank_run
+
+                for each, figures in rerank_run(result.run_id, rerank).items():
+                    typer.echo(
+                        f"rerank {each}: one sample {figures['one_sample']:.1%}, value-model pick "
+                        f"{figures['reranked']:.1%}, oracle pass@{samples} {figures['oracle_pass_at_n']:.1%}"
+                    )
             typer.echo(f"report: {result.folder / 'report.md'} (SWE-bench JSON: {result.folder / 'report.json'})")
             summaries[name] = result.summary
     if len(summaries) > 1:
@@ -470,6 +487,100 @@ def trajectories_import(
 
     imported, skipped = import_file(source, run_id=run)
     typer.echo(f"imported {imported} trajectories" + (f" ({skipped} already in the store)" if skipped else ""))
+
+
+# -- training -----------------------------------------------------------------------------
+
+
+@command(train_app, "swe")
+def train_swe(
+    config: Annotated[Path, typer.Option("--config", help="The recipe, e.g. examples/configs/swe-tiny.yaml.")],
+) -> None:
+    """Collect -> credit assignment -> SFT -> RL (BAR) -> value model [-> eval], each a run in the store."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    from orchard.train.swe import load_config, run_swe
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)  # deprecations inside transformers and TRL
+    summary = run_swe(load_config(config), log=lambda line: typer.echo(line, err=True))
+    typer.echo(f"policy: {summary['policy']}\nvalue model: {summary['value']['output_dir']}")
+
+
+@command(train_app, "value")
+def train_value_cmd(
+    runs: Annotated[str, typer.Option(help="Runs whose graded trajectories to learn from (comma-separated).")],
+    base: Annotated[Path, typer.Option(help="The model to put a scalar head on (a folder).")],
+    out: Annotated[Path, typer.Option(help="Where to write the value model.")],
+    max_steps: Annotated[int, typer.Option(help="Training steps.")] = 50,
+) -> None:
+    """Train a value model on stored trajectories of past runs (label: resolved)."""
+    from orchard.train.value import ValueSettings, graded_trajectories, train_value
+
+    trajectories = graded_trajectories([r.strip() for r in runs.split(",") if r.strip()])
+    result = train_value(base, trajectories, out, ValueSettings(max_steps=max_steps))
+    typer.echo(f"value model: {out} ({result['trajectories']} trajectories, {result['resolved']} resolved)")
+
+
+@command(app, "collect")
+def collect(
+    tasks: Annotated[str, typer.Option(help="Task set: JSON, JSONL, a dataset folder or a hub id.")],
+    model: Annotated[str, typer.Option(help="The teacher: scripted:gold, openai:NAME, hf:PATH, ...")],
+    harness: Annotated[str, typer.Option(help="Harnesses, comma-separated.")] = "bash",
+    k: Annotated[int, typer.Option("--k", min=1, help="Samples per task and harness.")] = 1,
+    repos: Annotated[Path | None, typer.Option(help="Local mirror of the repositories.")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Episodes at once.")] = 2,
+    max_steps: Annotated[int, typer.Option(min=1, help="Steps per episode.")] = 40,
+    base_url: Annotated[str | None, typer.Option(envvar="OPENAI_BASE_URL", help="Server for openai:NAME.")] = None,
+) -> None:
+    """Roll a teacher over a task set; every trajectory is kept, graded, as a `collect` run."""
+    from orchard.agents import harness_factory
+    from orchard.agents.loop import Limits
+    from orchard.agents.models import model_from_spec
+    from orchard.env import Client
+    from orchard.eval.agent import agent_solver
+    from orchard.eval.console import EvalProgress, results_table
+    from orchard.eval.runner import evaluate
+    from orchard.tasks import load_tasks
+    from orchard.tasks.environments import RepoMirror
+
+    task_list = load_tasks(tasks)
+    harnesses = [h.strip() for h in harness.split(",") if h.strip()]
+    for each in harnesses:
+        harness_factory(each)
+    teacher = model_from_spec(model, base_url=base_url)
+    config = {"tasks": tasks, "teacher": model, "harnesses": harnesses, "k": k, "max_steps": max_steps}
+    with Client() as client, EvalProgress() as progress:
+        result = evaluate(
+            task_list,
+            harnesses,
+            k,
+            agent_solver(teacher, Limits(max_steps=max_steps)),
+            client=client,
+            mirror=RepoMirror(repos),
+            config=config,
+            name=f"collect {teacher.name}",
+            concurrency=concurrency,
+            on_progress=progress,
+            kind="collect",
+        )
+    from rich.console import Console
+
+    Console().print(results_table(result.summary, f"run {result.run_id} - collect {teacher.name}"))
+
+
+@command(model_app, "tiny")
+def model_tiny(
+    path: Annotated[Path, typer.Argument(help="An empty (or new) folder.")],
+    value_head: Annotated[bool, typer.Option("--value-head", help="A value model (one scalar output).")] = False,
+) -> None:
+    """Build a tiny chat model and its tokenizer offline (for tests, the demo, CPU-only work)."""
+    from orchard.train.tiny import build_tiny_model
+
+    typer.echo(f"tiny model: {build_tiny_model(path, value_head=value_head)}")
 
 
 # -- benchmarks ---------------------------------------------------------------------------

@@ -144,3 +144,14 @@ def test_a_malformed_pool_is_one_line(orchard_home):
     assert (
         result.stderr == "error: a pool is IMAGE=SIZE, such as orchard/base:bookworm=4; not 'orchard/base:bookworm'\n"
     )
+
+
+def test_model_tiny_builds_offline_and_refuses_a_full_folder(tmp_path):
+    built = runner.invoke(app, ["model", "tiny", str(tmp_path / "tiny")])
+    assert built.exit_code == 0 and built.stdout == f"tiny model: {tmp_path / 'tiny'}\n"
+    assert {"config.json", "tokenizer.json", "model.safetensors"} <= {p.name for p in (tmp_path / "tiny").iterdir()}
+    again = runner.invoke(app, ["model", "tiny", str(tmp_path / "tiny")])
+    assert (
+        again.exit_code == 1
+        and again.stderr == f"error: {tmp_path / 'tiny'} is not empty; choose a new folder for the model\n"
+    )

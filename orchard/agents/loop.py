@@ -146,10 +146,19 @@ def _step(episode: Episode, index: int, harness: Harness, model: ModelSession, b
     return submitted
 
 
+PATCH_SCRIPT = (
+    'index="$(mktemp)" && cp "$(git rev-parse --git-path index)" "$index" 2>/dev/null; '
+    'GIT_INDEX_FILE="$index" git add -A && GIT_INDEX_FILE="$index" git diff --cached --binary HEAD; '
+    'status=$?; rm -f "$index"; exit $status'
+)
+"""`git add -A && git diff --cached HEAD` on a copy of the index, so taking a diff changes nothing
+the agent (or a replay) sees: staged state, `git checkout -- .` and `git stash` behave as before."""
+
+
 def working_tree_patch(box: Sandbox, workdir: str) -> str:
     """Everything changed in the repository, untracked files included, as one git diff."""
     try:
-        result = box.exec("git add -A && git diff --cached --binary HEAD", cwd=workdir, timeout=120)
+        result = box.exec(PATCH_SCRIPT, cwd=workdir, timeout=120)
     except OrchardError:
         return ""
     return result.stdout if result.exit_code == 0 else ""

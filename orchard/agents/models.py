@@ -1,7 +1,8 @@
 """Models the agent loop can drive, named by a spec string:
 
 * `scripted:gold` replays, for each task, a script made from its gold patch (look around, apply
-  the fix, check, submit) in whatever harness is used; `scripted:FILE` replays steps from a JSON
+  the fix, check, submit) in whatever harness is used; `scripted:regress` does the same but
+  reverts the fix before submitting (unresolved, with one productive stretch); `scripted:FILE` replays steps from a JSON
   file (`{instance_id: [step, ...]}`, steps as `orchard.agents.base.Step` fields); `noop`
   submits at once. For tests and offline demos.
 * `openai:MODEL` (any OpenAI-compatible server: vLLM, SGLang, Ollama, hosted APIs), with the
@@ -80,14 +81,25 @@ def gold_script(task: SWETask) -> list[Step]:
     ]
 
 
+def regressing_script(task: SWETask) -> list[Step]:
+    """The gold script, except that the fix is thrown away before submitting: unresolved, with one
+    productive stretch (the fix) for credit assignment to find."""
+    steps = gold_script(task)
+    undo = Step(
+        "bash", command="git checkout -- . && git status --short", thought="Let me start over from a clean tree."
+    )
+    return [*steps[:-1], undo, steps[-1]]
+
+
 class ScriptedModel:
-    """`scripted:gold`, `scripted:FILE` or `noop`."""
+    """`scripted:gold`, `scripted:regress` (fixes, then reverts), `scripted:FILE` or `noop`."""
 
     def __init__(self, source: str):
-        self.name = "noop" if source == "noop" else f"scripted:{source if source == 'gold' else Path(source).name}"
+        builtin = source in ("gold", "regress")
+        self.name = "noop" if source == "noop" else f"scripted:{source if builtin else Path(source).name}"
         self._scripts: dict[str, list[Step]] | None = None
         self._source = source
-        if source not in ("gold", "noop"):
+        if source not in ("gold", "regress", "noop"):
             path = Path(source)
             try:
                 data = json.loads(path.read_text())
@@ -98,6 +110,8 @@ class ScriptedModel:
     def session(self, task: SWETask, harness: Harness) -> ScriptedSession:
         if self._source == "noop":
             return ScriptedSession([], harness)
+        if self._source == "regress":
+            return ScriptedSession(regressing_script(task), harness)
         if self._scripts is None:
             return ScriptedSession(gold_script(task), harness)
         return ScriptedSession(self._scripts.get(task.instance_id, []), harness)

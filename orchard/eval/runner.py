@@ -94,10 +94,11 @@ def evaluate(
     db_url: str | None = None,
     on_progress: Callable[[int, int, ResultRecord | None], None] | None = None,
     report_ids: Sequence[str] | None = None,
+    kind: str = "eval",
 ) -> EvalResult:
-    """Solve and grade every attempt not yet recorded in this evaluation's run."""
-    run_id = run_id_for("eval", config)
-    run, _resumed = start_run(run_id, "eval", name, config, db_url=db_url)
+    """Solve and grade every attempt not yet recorded in this evaluation's run (`kind` eval or collect)."""
+    run_id = run_id_for(kind, config)
+    run, _resumed = start_run(run_id, kind, name, config, db_url=db_url)
     attempts = [Attempt(t, h, s) for t in tasks for h in harnesses for s in range(samples)]
     done = {r.id for r in results_of(run_id, db_url=db_url)}
     pending = [a for a in attempts if a.result_id(run_id) not in done]

@@ -30,6 +30,7 @@ from orchard.agents.loop import Limits, run_episode
 from orchard.agents.models import TransformersModel
 from orchard.errors import ConfigError
 from orchard.tasks.grading import grade_patch
+from orchard.train import quiet
 from orchard.train.bar import BARConfig, Rollout, balanced_rollout
 from orchard.train.sft import assistant_spans
 
@@ -258,7 +259,7 @@ def train_rl(
         rollout_func=rollouts,
         callbacks=callbacks,
     )
-    trainer.train()
+    quiet(trainer).train()
     trainer.save_model(output_dir)
     tokenizer.save_pretrained(output_dir)
     logged = [e for e in trainer.state.log_history if "loss" in e]

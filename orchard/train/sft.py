@@ -23,6 +23,7 @@ from sqlmodel import col, select
 
 from orchard.errors import ConfigError
 from orchard.store import StepRecord, TrajectoryRecord, session
+from orchard.train import quiet
 from orchard.train.credit import EPSILON
 
 IGNORE = -100
@@ -206,7 +207,7 @@ def train_sft(
         callbacks=callbacks,
     )
     started = time.monotonic()
-    result = trainer.train()
+    result = quiet(trainer).train()
     trainer.save_model(str(output_dir))
     tokenizer.save_pretrained(str(output_dir))
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]

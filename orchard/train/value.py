@@ -21,6 +21,7 @@ from sqlmodel import col, select
 
 from orchard.errors import ConfigError
 from orchard.store import TrajectoryRecord, session
+from orchard.train import quiet
 
 
 def trajectory_text(tokenizer: Any, record: TrajectoryRecord) -> str:
@@ -111,7 +112,7 @@ def train_value(
         callbacks=callbacks,
     )
     started = time.monotonic()
-    result = trainer.train()
+    result = quiet(trainer).train()
     trainer.save_model(str(output_dir))
     tokenizer.save_pretrained(str(output_dir))
     return {

@@ -1,0 +1,383 @@
+"""`orchard train swe --config FILE`: the Orchard-SWE recipe, stage by stage, each a run in the store.
+
+1. collect: each teacher (any model spec) works every task under the collection harnesses, k
+   samples each, graded; every trajectory is kept with its verdict;
+2. credit: the unresolved trajectories get per-step values, credits and rise segments (replay
+   or judge);
+3. sft: the student learns from resolved trajectories whole and unresolved ones by their rise
+   segments (TRL SFT);
+4. rl: GRPO with Balanced Adaptive Rollout from the SFT checkpoint, harness drawn per rollout;
+5. value: a value model on every graded trajectory so far (collection and RL rollouts alike);
+6. eval (optional): the final policy under the eval harnesses (one may be held out of training),
+   k samples, reranked by the value model.
+
+A stage whose run finished before is skipped when the pipeline runs again, so an interrupted
+pipeline continues where it stopped. Everything lands under `work_dir`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchard.errors import ConfigError
+
+Log = Callable[[str], None]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StudentConfig(_Strict):
+    path: str | None = Field(default=None, description="a model folder or hub id; none: a tiny model built offline")
+    tiny_hidden_size: int = 64
+    tiny_layers: int = 2
+
+
+class CollectConfig(_Strict):
+    teachers: list[str] = ["scripted:gold"]
+    harnesses: list[str] = ["bash", "tools"]
+    samples: int = Field(default=1, ge=1)
+    max_steps: int = 30
+    base_url: str | None = None
+
+
+class CreditConfig(_Strict):
+    estimator: str = Field(default="replay", pattern="^(replay|judge)$")
+    judge: str | None = None
+    epsilon: float = 0.05
+
+
+class SFTStage(_Strict):
+    max_steps: int = 20
+    learning_rate: float = 1e-4
+    batch_size: int = 1
+    max_length: int = 4096
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    lora: bool = False
+
+
+class RLStage(_Strict):
+    enabled: bool = True
+    max_steps: int = 2
+    learning_rate: float = 1e-5
+    group_size: int = 8
+    max_rollouts: int = 16
+    stride: int = 16
+    rho_min: float = 0.375
+    rho_max: float = 0.625
+    harnesses: list[str] = ["bash", "tools"]
+    episode_steps: int = 20
+    max_new_tokens: int = 512
+    max_completion_length: int = 8192
+    judge: str | None = None
+    judge_weight: float = 0.0
+    bf16: bool = False
+    use_vllm: bool = False
+    tasks: int | None = Field(default=None, description="train on the first N tasks only")
+
+
+class ValueStage(_Strict):
+    max_steps: int = 20
+    learning_rate: float = 5e-4
+    max_length: int = 2048
+
+
+class EvalStage(_Strict):
+    enabled: bool = False
+    harnesses: list[str] = ["bash", "tools", "cli"]
+    samples: int = 2
+    max_steps: int = 10
+
+
+class SWEConfig(_Strict):
+    name: str
+    tasks: str
+    repos: str | None = None
+    ids: list[str] | None = None
+    work_dir: str
+    concurrency: int = 2
+    student: StudentConfig = StudentConfig()
+    collect: CollectConfig = CollectConfig()
+    credit: CreditConfig = CreditConfig()
+    sft: SFTStage = SFTStage()
+    rl: RLStage = RLStage()
+    value: ValueStage = ValueStage()
+    eval: EvalStage = EvalStage()
+
+
+def load_config(path: str | Path) -> SWEConfig:
+    import yaml
+
+    source = Path(path)
+    if not source.is_file():
+        raise ConfigError(f"no config file {path}")
+    try:
+        data = yaml.safe_load(source.read_text())
+        return SWEConfig.model_validate(data)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"]) or "config"
+        raise ConfigError(f"{path}: {where}: {error['msg']}") from None
+
+
+def run_swe(config: SWEConfig, *, log: Log = print, db_url: str | None = None) -> dict[str, Any]:
+    """Run (or continue) every stage; the summary of each."""
+    from orchard.env import Client
+    from orchard.tasks import load_tasks
+    from orchard.tasks.environments import RepoMirror, task_image
+
+    work = Path(config.work_dir).expanduser()
+    work.mkdir(parents=True, exist_ok=True)
+    tasks = load_tasks(config.tasks, ids=config.ids)
+    mirror = RepoMirror(config.repos)
+    log(f"[setup] {len(tasks)} tasks; building their images")
+    images = {t.instance_id: task_image(t, mirror) for t in tasks}
+    student = _student(config, work, log)
+    summary: dict[str, Any] = {"student": student}
+    with Client(db_url=db_url) as client:
+        collect_runs = _collect(config, tasks, mirror, client, log, db_url)
+        summary["collect"] = collect_runs
+        summary["credit"] = _stage(
+            config, "credit", db_url, log, lambda: _credit(config, tasks, images, client, collect_runs, db_url)
+        )
+        summary["sft"] = _stage(config, "sft", db_url, log, lambda: _sft(config, student, work, collect_runs, db_url))
+        policy = summary["sft"]["output_dir"]
+        if config.rl.enabled:
+            summary["rl"] = _stage(
+                config, "rl", db_url, log, lambda: _rl(config, policy, tasks, images, client, work, db_url)
+            )
+            policy = summary["rl"]["output_dir"]
+        summary["value"] = _stage(
+            config, "value", db_url, log, lambda: _value(config, student, work, collect_runs, db_url)
+        )
+        if config.eval.enabled:
+            summary["eval"] = _eval(config, tasks, mirror, client, policy, summary["value"]["output_dir"], log, db_url)
+    summary["policy"] = policy
+    return summary
+
+
+def _student(config: SWEConfig, work: Path, log: Log) -> str:
+    if config.student.path:
+        return config.student.path
+    folder = work / "student-base"
+    if not (folder / "config.json").is_file():
+        from orchard.train.tiny import build_tiny_model
+
+        log(f"[setup] building a tiny student offline in {folder}")
+        build_tiny_model(folder, hidden_size=config.student.tiny_hidden_size, layers=config.student.tiny_layers)
+    return str(folder)
+
+
+def _stage(
+    config: SWEConfig, stage: str, db_url: str | None, log: Log, body: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """A training stage as a run: skipped when it finished before; failures are recorded."""
+    from orchard.store.runs import finish_run, get_run, start_run
+
+    run_id = f"{config.name}-{stage}"
+    previous = get_run(run_id, db_url=db_url)
+    if previous is not None and previous.status == "finished":
+        log(f"[{stage}] done before (run {run_id}); skipping")
+        return json.loads(previous.summary)
+    start_run(run_id, stage, f"{config.name} {stage}", config.model_dump(), db_url=db_url)
+    log(f"[{stage}] running (run {run_id})")
+    try:
+        result = body()
+    except BaseException as exc:
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        finish_run(run_id, status, {}, error=str(exc) or type(exc).__name__, db_url=db_url)
+        raise
+    finish_run(run_id, "finished", result, db_url=db_url)
+    log(f"[{stage}] " + ", ".join(f"{k}={_short(v)}" for k, v in result.items() if not isinstance(v, list | dict)))
+    return result
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _collect(config: SWEConfig, tasks, mirror, client, log: Log, db_url: str | None) -> list[str]:
+    from orchard.agents.loop import Limits
+    from orchard.agents.models import model_from_spec
+    from orchard.eval.agent import agent_solver
+    from orchard.eval.runner import evaluate
+
+    runs = []
+    for teacher in config.collect.teachers:
+        model = model_from_spec(teacher, base_url=config.collect.base_url)
+        run_config = {
+            "pipeline": config.name,
+            "teacher": teacher,
+            "harnesses": config.collect.harnesses,
+            "samples": config.collect.samples,
+            "ids": [t.instance_id for t in tasks],
+        }
+        result = evaluate(
+            tasks,
+            config.collect.harnesses,
+            config.collect.samples,
+            agent_solver(model, Limits(max_steps=config.collect.max_steps), db_url=db_url),
+            client=client,
+            mirror=mirror,
+            config=run_config,
+            name=f"{config.name} collect {teacher}",
+            concurrency=config.concurrency,
+            db_url=db_url,
+            kind="collect",
+        )
+        rates = {h: f"{r['resolve_rate']:.0%}" for h, r in result.summary["harnesses"].items()}
+        log(f"[collect] {teacher}: {len(result.results)} trajectories, resolved {rates} (run {result.run_id})")
+        runs.append(result.run_id)
+    return runs
+
+
+def _credit(config: SWEConfig, tasks, images, client, runs: list[str], db_url: str | None) -> dict[str, Any]:
+    from sqlmodel import col, select
+
+    from orchard.store import TrajectoryRecord, session
+    from orchard.train.credit import JudgeEstimator, ReplayEstimator, assess
+
+    by_id = {t.instance_id: t for t in tasks}
+    with session(db_url) as db:
+        query = select(TrajectoryRecord).where(
+            col(TrajectoryRecord.run_id).in_(runs), col(TrajectoryRecord.resolved).is_(False)
+        )
+        unresolved = list(db.exec(query))
+    judge = None
+    if config.credit.estimator == "judge":
+        from orchard.agents.models import model_from_spec
+
+        if not config.credit.judge:
+            raise ConfigError("credit.estimator judge needs credit.judge: a model spec")
+        judge = JudgeEstimator(model_from_spec(config.credit.judge))
+    segments = steps = 0
+    for trajectory in unresolved:
+        task = by_id.get(trajectory.instance_id)
+        if task is None:
+            continue
+        estimator = judge or ReplayEstimator(client, images[task.instance_id])
+        assessed = assess(trajectory, task, estimator, epsilon=config.credit.epsilon, db_url=db_url)
+        segments += len(assessed.segments)
+        steps += sum(b - a for a, b in assessed.segments)
+    return {
+        "unresolved": len(unresolved),
+        "rise_segments": segments,
+        "rise_steps": steps,
+        "estimator": config.credit.estimator,
+    }
+
+
+def _sft(config: SWEConfig, student: str, work: Path, runs: list[str], db_url: str | None) -> dict[str, Any]:
+    from collections import Counter
+
+    from transformers import AutoTokenizer
+
+    from orchard.train.sft import SFTSettings, sft_examples, train_sft
+
+    tokenizer = AutoTokenizer.from_pretrained(student)
+    examples = sft_examples(
+        tokenizer, runs=runs, epsilon=config.credit.epsilon, max_length=config.sft.max_length, db_url=db_url
+    )
+    settings = SFTSettings(
+        learning_rate=config.sft.learning_rate,
+        max_steps=config.sft.max_steps,
+        batch_size=config.sft.batch_size,
+        max_length=config.sft.max_length,
+        bf16=config.sft.bf16,
+        gradient_checkpointing=config.sft.gradient_checkpointing,
+        lora=config.sft.lora,
+    )
+    result = train_sft(student, examples, work / "sft", settings)
+    result["by_harness"] = dict(Counter(e.harness for e in examples))
+    result["resolved_examples"] = sum(e.resolved for e in examples)
+    result["partial_examples"] = sum(not e.resolved for e in examples)
+    return result
+
+
+def _rl(config: SWEConfig, policy: str, tasks, images, client, work: Path, db_url: str | None) -> dict[str, Any]:
+    from orchard.agents.models import model_from_spec
+    from orchard.train.bar import BARConfig
+    from orchard.train.rl import RLSettings, train_rl
+
+    rl = config.rl
+    settings = RLSettings(
+        bar=BARConfig(
+            group_size=rl.group_size,
+            max_rollouts=rl.max_rollouts,
+            stride=rl.stride,
+            rho_min=rl.rho_min,
+            rho_max=rl.rho_max,
+        ),
+        harnesses=tuple(rl.harnesses),
+        max_steps=rl.max_steps,
+        learning_rate=rl.learning_rate,
+        episode_steps=rl.episode_steps,
+        max_new_tokens=rl.max_new_tokens,
+        max_completion_length=rl.max_completion_length,
+        judge_weight=rl.judge_weight,
+        bf16=rl.bf16,
+        use_vllm=rl.use_vllm,
+    )
+    judge = model_from_spec(rl.judge) if rl.judge else None
+    chosen = list(tasks)[: rl.tasks] if rl.tasks else list(tasks)
+    result = train_rl(policy, chosen, images, client, str(work / "rl"), settings, judge=judge)
+    history = result["bar"]
+    if history:
+        result["reward_mean"] = sum(h["reward_mean"] for h in history) / len(history)
+        result["informative_share"] = sum(h["informative_share"] for h in history) / len(history)
+        result["rollouts_per_group"] = sum(h["rollouts_per_group"] for h in history) / len(history)
+    return result
+
+
+def _value(config: SWEConfig, student: str, work: Path, runs: list[str], db_url: str | None) -> dict[str, Any]:
+    from orchard.train.value import ValueSettings, graded_trajectories, train_value
+
+    trajectories = graded_trajectories(runs, db_url=db_url)
+    settings = ValueSettings(
+        max_steps=config.value.max_steps, learning_rate=config.value.learning_rate, max_length=config.value.max_length
+    )
+    return train_value(student, trajectories, work / "value", settings)
+
+
+def _eval(
+    config: SWEConfig, tasks, mirror, client, policy: str, value_dir: str, log: Log, db_url: str | None
+) -> dict[str, Any]:
+    from orchard.agents.loop import Limits
+    from orchard.agents.models import TransformersModel
+    from orchard.eval.agent import agent_solver
+    from orchard.eval.rerank import rerank_run
+    from orchard.eval.runner import evaluate
+
+    model = TransformersModel(policy, max_new_tokens=config.rl.max_new_tokens, temperature=0.7)
+    result = evaluate(
+        tasks,
+        config.eval.harnesses,
+        config.eval.samples,
+        agent_solver(model, Limits(max_steps=config.eval.max_steps), db_url=db_url),
+        client=client,
+        mirror=mirror,
+        config={
+            "pipeline": config.name,
+            "policy": policy,
+            "harnesses": config.eval.harnesses,
+            "k": config.eval.samples,
+        },
+        name=f"{config.name} eval",
+        concurrency=config.concurrency,
+        db_url=db_url,
+    )
+    reranked = rerank_run(result.run_id, value_dir, db_url=db_url)
+    log(
+        f"[eval] run {result.run_id}: "
+        + ", ".join(f"{h} {r['resolve_rate']:.0%}" for h, r in result.summary["harnesses"].items())
+    )
+    return {"run_id": result.run_id, "harnesses": result.summary["harnesses"], "rerank": reranked}
