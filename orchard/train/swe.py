@@ -160,7 +160,14 @@ def run_swe(config: SWEConfig, *, log: Log = print, db_url: str | None = None) -
             config, "value", db_url, log, lambda: _value(config, student, work, collect_runs, db_url)
         )
         if config.eval.enabled:
-            summary["eval"] = _eval(config, tasks, mirror, client, policy, summary["value"]["output_dir"], log, db_url)
+            value_dir = summary["value"]["output_dir"]
+            summary["eval"] = _stage(
+                config,
+                "eval",
+                db_url,
+                log,
+                lambda: _eval(config, tasks, mirror, client, student, policy, value_dir, log, db_url),
+            )
     summary["policy"] = policy
     return summary
 
@@ -349,35 +356,47 @@ def _value(config: SWEConfig, student: str, work: Path, runs: list[str], db_url:
 
 
 def _eval(
-    config: SWEConfig, tasks, mirror, client, policy: str, value_dir: str, log: Log, db_url: str | None
+    config: SWEConfig, tasks, mirror, client, student: str, policy: str, value_dir: str, log: Log, db_url: str | None
 ) -> dict[str, Any]:
+    """The student before training and the policy after, under every eval harness (one may have been
+    held out of training): the model x harness matrix; the policy's samples reranked."""
     from orchard.agents.loop import Limits
     from orchard.agents.models import TransformersModel
     from orchard.eval.agent import agent_solver
     from orchard.eval.rerank import rerank_run
     from orchard.eval.runner import evaluate
 
-    model = TransformersModel(policy, max_new_tokens=config.rl.max_new_tokens, temperature=0.7)
-    result = evaluate(
-        tasks,
-        config.eval.harnesses,
-        config.eval.samples,
-        agent_solver(model, Limits(max_steps=config.eval.max_steps), db_url=db_url),
-        client=client,
-        mirror=mirror,
-        config={
-            "pipeline": config.name,
-            "policy": policy,
-            "harnesses": config.eval.harnesses,
-            "k": config.eval.samples,
-        },
-        name=f"{config.name} eval",
-        concurrency=config.concurrency,
-        db_url=db_url,
-    )
-    reranked = rerank_run(result.run_id, value_dir, db_url=db_url)
-    log(
-        f"[eval] run {result.run_id}: "
-        + ", ".join(f"{h} {r['resolve_rate']:.0%}" for h, r in result.summary["harnesses"].items())
-    )
-    return {"run_id": result.run_id, "harnesses": result.summary["harnesses"], "rerank": reranked}
+    trained = set(config.collect.harnesses) | (set(config.rl.harnesses) if config.rl.enabled else set())
+    matrix: dict[str, dict[str, float]] = {}
+    runs: dict[str, str] = {}
+    for label, path in (("before", student), ("after", policy)):
+        model = TransformersModel(path, max_new_tokens=config.rl.max_new_tokens, temperature=0.7, name=f"hf:{label}")
+        result = evaluate(
+            tasks,
+            config.eval.harnesses,
+            config.eval.samples,
+            agent_solver(model, Limits(max_steps=config.eval.max_steps), db_url=db_url),
+            client=client,
+            mirror=mirror,
+            config={
+                "pipeline": config.name,
+                "model": path,
+                "harnesses": config.eval.harnesses,
+                "k": config.eval.samples,
+            },
+            name=f"{config.name} eval {label}",
+            concurrency=config.concurrency,
+            db_url=db_url,
+        )
+        runs[label] = result.run_id
+        matrix[label] = {h: r["resolve_rate"] for h, r in result.summary["harnesses"].items()}
+    for label, rates in matrix.items():
+        cells = ", ".join(f"{h}{'' if h in trained else ' (held out)'} {rate:.0%}" for h, rate in rates.items())
+        log(f"[eval] {label}: {cells}")
+    reranked = rerank_run(runs["after"], value_dir, db_url=db_url)
+    return {
+        "runs": runs,
+        "matrix": matrix,
+        "held_out": sorted(set(config.eval.harnesses) - trained),
+        "rerank": reranked,
+    }

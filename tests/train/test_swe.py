@@ -60,11 +60,17 @@ def test_the_whole_recipe_then_a_rerun_that_skips_every_stage(orchard_home, base
     tuned = AutoModelForCausalLM.from_pretrained(tmp_path / "work" / "sft").state_dict()
     assert any(not torch.equal(base[k], tuned[k]) for k in base)
     assert "policy: " in result.stdout and "value model: " in result.stdout
+    with session() as db:
+        stage = db.get(RunRecord, "swe-tiny-eval")
+    evaluated = json.loads(stage.summary)
+    assert set(evaluated["matrix"]) == {"before", "after"} and evaluated["held_out"] == ["cli"]
+    assert set(evaluated["matrix"]["after"]) == {"bash", "cli"} and set(evaluated["rerank"]) <= {"bash", "cli"}
+    assert "[eval] before: bash 0%, cli (held out) 0%" in result.stderr
 
     again = runner.invoke(app, ["train", "swe", "--config", str(path)])
     assert again.exit_code == 0, again.output
-    for stage in ("credit", "sft", "rl", "value"):
-        assert f"[{stage}] done before" in again.stderr
+    for done in ("credit", "sft", "rl", "value", "eval"):
+        assert f"[{done}] done before" in again.stderr
 
     reranked = runner.invoke(
         app,
