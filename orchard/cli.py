@@ -44,6 +44,8 @@ train_app = typer.Typer(help="Training: the SWE recipe, and its stages on their 
 model_app = typer.Typer(help="Models built offline.", no_args_is_help=True)
 app.add_typer(train_app, name="train")
 app.add_typer(model_app, name="model")
+runs_app = typer.Typer(help="Runs in the store: evaluations, collections, training stages.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
 
 
 def command(group: typer.Typer, *args: Any, **kwargs: Any) -> Callable:
@@ -592,6 +594,85 @@ def model_smollm2(path: Annotated[Path, typer.Argument(help="An empty (or new) f
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     typer.echo(f"SmolLM2-135M-Instruct: {convert_smollm2(path)}")
+
+
+# -- runs -----------------------------------------------------------------------------------
+
+
+def _headline(kind: str, summary: dict[str, Any]) -> str:
+    """The one figure that says how a run went."""
+    if "harnesses" in summary and isinstance(summary["harnesses"], dict):
+        rates = [f"{h} {row['resolve_rate']:.0%}" for h, row in summary["harnesses"].items() if "resolve_rate" in row]
+        return "resolved " + ", ".join(rates) if rates else ""
+    if "matrix" in summary:
+        return "after: " + ", ".join(f"{h} {r:.0%}" for h, r in summary["matrix"].get("after", {}).items())
+    for key in ("train_loss", "reward_mean", "rise_segments"):
+        if isinstance(summary.get(key), int | float):
+            return f"{key} {summary[key]:.4g}"
+    return ""
+
+
+@command(runs_app, "ls")
+def runs_ls(
+    kind: Annotated[str | None, typer.Option(help="Only runs of this kind (eval, collect, sft, rl, ...).")] = None,
+    status: Annotated[str | None, typer.Option(help="Only running, finished, failed or interrupted runs.")] = None,
+) -> None:
+    """Runs, newest first, with their status and headline figure."""
+    import json
+
+    from orchard.store.runs import list_runs
+
+    runs = list_runs(kind=kind, status=status)
+    if not runs:
+        typer.echo("no runs")
+        return
+    typer.echo(f"{'ID':<24} {'KIND':<8} {'STATUS':<12} {'STARTED':<17} HEADLINE")
+    for run in runs:
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at))
+        typer.echo(
+            f"{run.id:<24} {run.kind:<8} {run.status:<12} {started:<17} {_headline(run.kind, json.loads(run.summary))}"
+        )
+
+
+@command(runs_app, "show")
+def runs_show(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
+    """One run: what it was asked, how it went, its metrics (last value, points)."""
+    import json
+
+    from orchard.store.runs import get_run, metrics_of, results_of
+
+    run = get_run(run_id)
+    if run is None:
+        raise OrchardError(f"no run {run_id!r} (`orchard runs ls` lists them)")
+    ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.ended_at)) if run.ended_at else "-"
+    typer.echo(f"run      {run.id}\nkind     {run.kind}\nname     {run.name}\nstatus   {run.status}")
+    typer.echo(f"host     {run.host}\nstarted  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(run.started_at))}")
+    typer.echo(f"ended    {ended}")
+    if run.error:
+        typer.echo(f"error    {run.error}")
+    summary = json.loads(run.summary)
+    if summary:
+        typer.echo(f"headline {_headline(run.kind, summary)}")
+    typer.echo(f"config   {run.config}")
+    results = results_of(run.id)
+    if results:
+        typer.echo(f"results  {len(results)} graded, {sum(r.resolved for r in results)} resolved")
+    series = metrics_of(run.id)
+    for name, points in sorted(series.items()):
+        typer.echo(f"metric   {name}: {points[-1][1]:.6g} at step {points[-1][0]} ({len(points)} points)")
+
+
+@command(runs_app, "rm")
+def runs_rm(run_ids: Annotated[list[str], typer.Argument(help="Run ids.")]) -> None:
+    """Delete runs with their results, metrics, trajectories and steps."""
+    from orchard.store.runs import delete_run
+
+    unknown = [r for r in run_ids if not delete_run(r)]
+    for run_id in run_ids:
+        if run_id not in unknown:
+            typer.echo(f"deleted {run_id}")
+    if unknown:
+        raise OrchardError(f"no run {', '.join(map(repr, unknown))}")
 
 
 # -- benchmarks ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from orchard.errors import OrchardError
 from orchard.eval.metrics import mean_over_tasks, pass_at_k, pass_hat_k, swebench_report
 from orchard.eval.report import write_report
 from orchard.store import ResultRecord
-from orchard.store.runs import add_result, finish_run, results_of, start_run
+from orchard.store.runs import add_result, finish_run, record_metrics, results_of, start_run
 from orchard.tasks.environments import RepoMirror, task_image
 from orchard.tasks.grading import Grade, grade_patch
 
@@ -125,6 +125,8 @@ def evaluate(
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (folder / "report.json").write_text(json.dumps(summary["report"], indent=2) + "\n")
     write_report(folder, summary, name)
+    rates = {f"resolve_rate/{h}": row["resolve_rate"] for h, row in summary["harnesses"].items()}
+    record_metrics(run_id, 0, rates, db_url=db_url)
     finish_run(run_id, "finished", summary, db_url=db_url)
     return EvalResult(run.id, folder, summary, results)
 

@@ -17,10 +17,19 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, create_engine
 
 from orchard.config import settings
-from orchard.store.tables import ExecRecord, ResultRecord, RunRecord, SandboxRecord, StepRecord, TrajectoryRecord
+from orchard.store.tables import (
+    ExecRecord,
+    MetricRecord,
+    ResultRecord,
+    RunRecord,
+    SandboxRecord,
+    StepRecord,
+    TrajectoryRecord,
+)
 
 __all__ = [
     "ExecRecord",
+    "MetricRecord",
     "ResultRecord",
     "RunRecord",
     "SandboxRecord",

@@ -16,7 +16,7 @@ from typing import Any
 from sqlmodel import col, select
 
 from orchard.env.backends.base import owner_alive, process_owner
-from orchard.store import ResultRecord, RunRecord, session
+from orchard.store import MetricRecord, ResultRecord, RunRecord, session
 
 
 def mark_interrupted(db_url: str | None = None) -> list[str]:
@@ -91,3 +91,63 @@ def results_of(run_id: str, *, db_url: str | None = None) -> list[ResultRecord]:
 def get_run(run_id: str, *, db_url: str | None = None) -> RunRecord | None:
     with session(db_url) as db:
         return db.get(RunRecord, run_id)
+
+
+def record_metrics(run_id: str, step: int, values: dict[str, Any], *, db_url: str | None = None) -> int:
+    """Store the numeric `values` of a run at `step` in one transaction; how many were stored."""
+    import math
+
+    now = time.time()
+    rows = [
+        MetricRecord(run_id=run_id, step=step, name=name, value=float(value), recorded_at=now)
+        for name, value in values.items()
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ]
+    if rows:
+        with session(db_url) as db:
+            db.add_all(rows)
+    return len(rows)
+
+
+def metrics_of(run_id: str, *, db_url: str | None = None) -> dict[str, list[tuple[int, float]]]:
+    """Every metric of a run: name -> [(step, value)] in step order."""
+    with session(db_url) as db:
+        query = (
+            select(MetricRecord)
+            .where(MetricRecord.run_id == run_id)
+            .order_by(col(MetricRecord.step), col(MetricRecord.id))
+        )
+        series: dict[str, list[tuple[int, float]]] = {}
+        for row in db.exec(query):
+            series.setdefault(row.name, []).append((row.step, row.value))
+    return series
+
+
+def list_runs(*, kind: str | None = None, status: str | None = None, db_url: str | None = None) -> list[RunRecord]:
+    mark_interrupted(db_url)
+    with session(db_url) as db:
+        query = select(RunRecord).order_by(col(RunRecord.started_at).desc())
+        if kind:
+            query = query.where(RunRecord.kind == kind)
+        if status:
+            query = query.where(RunRecord.status == status)
+        return list(db.exec(query))
+
+
+def delete_run(run_id: str, *, db_url: str | None = None) -> bool:
+    """Delete a run with its results, metrics, trajectories and their steps; False if unknown."""
+    from sqlmodel import delete
+
+    from orchard.store import StepRecord, TrajectoryRecord
+
+    with session(db_url) as db:
+        run = db.get(RunRecord, run_id)
+        if run is None:
+            return False
+        trajectories = select(TrajectoryRecord.id).where(TrajectoryRecord.run_id == run_id)
+        db.exec(delete(StepRecord).where(col(StepRecord.trajectory_id).in_(trajectories)))
+        db.exec(delete(TrajectoryRecord).where(col(TrajectoryRecord.run_id) == run_id))
+        db.exec(delete(ResultRecord).where(col(ResultRecord.run_id) == run_id))
+        db.exec(delete(MetricRecord).where(col(MetricRecord.run_id) == run_id))
+        db.delete(run)
+    return True

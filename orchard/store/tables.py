@@ -126,3 +126,16 @@ class StepRecord(SQLModel, table=True):
     duration: float = 0.0
     value: float | None = Field(default=None, description="V(s_t) from credit assignment")
     credit: float | None = Field(default=None, description="c_t = V(s_t+1) - V(s_t)")
+
+
+class MetricRecord(SQLModel, table=True):
+    """One value of one metric of a run at one step (loss, reward, resolve rate, ...)."""
+
+    __tablename__ = "metrics"
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(index=True)
+    step: int
+    name: str = Field(index=True)
+    value: float
+    recorded_at: float

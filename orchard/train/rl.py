@@ -20,7 +20,7 @@ import functools
 import random
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -84,8 +84,10 @@ class SandboxRollouts:
         client: Client,
         settings: RLSettings,
         judge: Model | None = None,
+        on_step: Callable[[int, dict[str, float]], object] | None = None,
     ):
         self.client, self.images, self.settings, self.judge = client, images, settings, judge
+        self.on_step = on_step
         self.by_prompt = {self.prompt_key(t): t for t in tasks}
         self.rng = random.Random(settings.seed)
         self.history: list[dict[str, float]] = []
@@ -128,14 +130,15 @@ class SandboxRollouts:
                     out["reward"].append(rollout.reward)
         finally:
             model.train(was_training)
-        self.history.append(
-            {
-                "reward_mean": statistics.fmean(stats.rewards) if stats.rewards else 0.0,
-                "informative_share": stats.informative / max(1, stats.groups),
-                "rollouts_per_group": stats.spent / max(1, stats.groups),
-                "rollouts_saved": float(stats.saved),
-            }
-        )
+        metrics = {
+            "bar/reward_mean": statistics.fmean(stats.rewards) if stats.rewards else 0.0,
+            "bar/informative_share": stats.informative / max(1, stats.groups),
+            "bar/rollouts_per_group": stats.spent / max(1, stats.groups),
+            "bar/rollouts_saved": float(stats.saved),
+        }
+        self.history.append({k.removeprefix("bar/"): v for k, v in metrics.items()})
+        if self.on_step is not None:
+            self.on_step(int(trainer.state.global_step), metrics)
         return out
 
     def _stride(self, task: SWETask, policy: TransformersModel, count: int) -> list[Rollout]:
@@ -216,6 +219,7 @@ def train_rl(
     settings: RLSettings | None = None,
     judge: Model | None = None,
     callbacks: list | None = None,
+    on_step: Callable[[int, dict[str, float]], object] | None = None,
 ) -> dict[str, Any]:
     """GRPO with BAR-assembled groups for `settings.max_steps` steps; the policy goes to `output_dir`."""
     import os
@@ -228,7 +232,7 @@ def train_rl(
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     settings = settings or RLSettings()
     group = settings.bar.group_size
-    rollouts = SandboxRollouts(tasks, images, client, settings, judge)
+    rollouts = SandboxRollouts(tasks, images, client, settings, judge, on_step)
     dataset = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": SandboxRollouts.prompt_key(t)}]} for t in tasks]
     )

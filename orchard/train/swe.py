@@ -151,17 +151,19 @@ def run_swe(config: SWEConfig, *, log: Log = print, db_url: str | None = None) -
         collect_runs = _collect(config, tasks, mirror, client, log, db_url)
         summary["collect"] = collect_runs
         summary["credit"] = _stage(
-            config, "credit", db_url, log, lambda: _credit(config, tasks, images, client, collect_runs, db_url)
+            config, "credit", db_url, log, lambda _run: _credit(config, tasks, images, client, collect_runs, db_url)
         )
-        summary["sft"] = _stage(config, "sft", db_url, log, lambda: _sft(config, student, work, collect_runs, db_url))
+        summary["sft"] = _stage(
+            config, "sft", db_url, log, lambda run: _sft(config, student, work, collect_runs, run, db_url)
+        )
         policy = summary["sft"]["output_dir"]
         if config.rl.enabled:
             summary["rl"] = _stage(
-                config, "rl", db_url, log, lambda: _rl(config, policy, tasks, images, client, work, db_url)
+                config, "rl", db_url, log, lambda run: _rl(config, policy, tasks, images, client, work, run, db_url)
             )
             policy = summary["rl"]["output_dir"]
         summary["value"] = _stage(
-            config, "value", db_url, log, lambda: _value(config, student, work, collect_runs, db_url)
+            config, "value", db_url, log, lambda run: _value(config, student, work, collect_runs, run, db_url)
         )
         if config.eval.enabled:
             value_dir = summary["value"]["output_dir"]
@@ -170,7 +172,7 @@ def run_swe(config: SWEConfig, *, log: Log = print, db_url: str | None = None) -
                 "eval",
                 db_url,
                 log,
-                lambda: _eval(config, tasks, mirror, client, student, policy, value_dir, log, db_url),
+                lambda _run: _eval(config, tasks, mirror, client, student, policy, value_dir, log, db_url),
             )
     summary["policy"] = policy
     return summary
@@ -197,7 +199,7 @@ def _student(config: SWEConfig, work: Path, log: Log) -> str:
 
 
 def _stage(
-    config: SWEConfig, stage: str, db_url: str | None, log: Log, body: Callable[[], dict[str, Any]]
+    config: SWEConfig, stage: str, db_url: str | None, log: Log, body: Callable[[str], dict[str, Any]]
 ) -> dict[str, Any]:
     """A training stage as a run: skipped when it finished before; failures are recorded."""
     from orchard.store.runs import finish_run, get_run, start_run
@@ -210,7 +212,7 @@ def _stage(
     start_run(run_id, stage, f"{config.name} {stage}", config.model_dump(), db_url=db_url)
     log(f"[{stage}] running (run {run_id})")
     try:
-        result = body()
+        result = body(run_id)
     except BaseException as exc:
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         finish_run(run_id, status, {}, error=str(exc) or type(exc).__name__, db_url=db_url)
@@ -295,12 +297,15 @@ def _credit(config: SWEConfig, tasks, images, client, runs: list[str], db_url: s
     }
 
 
-def _sft(config: SWEConfig, student: str, work: Path, runs: list[str], db_url: str | None) -> dict[str, Any]:
+def _sft(
+    config: SWEConfig, student: str, work: Path, runs: list[str], run_id: str, db_url: str | None
+) -> dict[str, Any]:
     from collections import Counter
 
     from transformers import AutoTokenizer
 
     from orchard.train.sft import SFTFilters, SFTSettings, sft_examples, train_sft
+    from orchard.train.tracking import StoreMetrics
 
     tokenizer = AutoTokenizer.from_pretrained(student)
     filters = SFTFilters(
@@ -325,17 +330,21 @@ def _sft(config: SWEConfig, student: str, work: Path, runs: list[str], db_url: s
         gradient_checkpointing=config.sft.gradient_checkpointing,
         lora=config.sft.lora,
     )
-    result = train_sft(student, examples, work / "sft", settings)
+    result = train_sft(student, examples, work / "sft", settings, callbacks=[StoreMetrics(run_id, db_url=db_url)])
     result["by_harness"] = dict(Counter(e.harness for e in examples))
     result["resolved_examples"] = sum(e.resolved for e in examples)
     result["partial_examples"] = sum(not e.resolved for e in examples)
     return result
 
 
-def _rl(config: SWEConfig, policy: str, tasks, images, client, work: Path, db_url: str | None) -> dict[str, Any]:
+def _rl(
+    config: SWEConfig, policy: str, tasks, images, client, work: Path, run_id: str, db_url: str | None
+) -> dict[str, Any]:
     from orchard.agents.models import model_from_spec
+    from orchard.store.runs import record_metrics
     from orchard.train.bar import BARConfig
     from orchard.train.rl import RLSettings, train_rl
+    from orchard.train.tracking import StoreMetrics
 
     rl = config.rl
     settings = RLSettings(
@@ -358,7 +367,17 @@ def _rl(config: SWEConfig, policy: str, tasks, images, client, work: Path, db_ur
     )
     judge = model_from_spec(rl.judge) if rl.judge else None
     chosen = list(tasks)[: rl.tasks] if rl.tasks else list(tasks)
-    result = train_rl(policy, chosen, images, client, str(work / "rl"), settings, judge=judge)
+    result = train_rl(
+        policy,
+        chosen,
+        images,
+        client,
+        str(work / "rl"),
+        settings,
+        judge=judge,
+        callbacks=[StoreMetrics(run_id, db_url=db_url)],
+        on_step=lambda step, values: record_metrics(run_id, step, values, db_url=db_url),
+    )
     history = result["bar"]
     if history:
         result["reward_mean"] = sum(h["reward_mean"] for h in history) / len(history)
@@ -367,14 +386,17 @@ def _rl(config: SWEConfig, policy: str, tasks, images, client, work: Path, db_ur
     return result
 
 
-def _value(config: SWEConfig, student: str, work: Path, runs: list[str], db_url: str | None) -> dict[str, Any]:
+def _value(
+    config: SWEConfig, student: str, work: Path, runs: list[str], run_id: str, db_url: str | None
+) -> dict[str, Any]:
+    from orchard.train.tracking import StoreMetrics
     from orchard.train.value import ValueSettings, graded_trajectories, train_value
 
     trajectories = graded_trajectories(runs, db_url=db_url)
     settings = ValueSettings(
         max_steps=config.value.max_steps, learning_rate=config.value.learning_rate, max_length=config.value.max_length
     )
-    return train_value(student, trajectories, work / "value", settings)
+    return train_value(student, trajectories, work / "value", settings, callbacks=[StoreMetrics(run_id, db_url=db_url)])
 
 
 def _eval(

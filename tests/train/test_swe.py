@@ -60,6 +60,12 @@ def test_the_whole_recipe_then_a_rerun_that_skips_every_stage(orchard_home, base
     tuned = AutoModelForCausalLM.from_pretrained(tmp_path / "work" / "sft").state_dict()
     assert any(not torch.equal(base[k], tuned[k]) for k in base)
     assert "policy: " in result.stdout and "value model: " in result.stdout
+    from orchard.store.runs import metrics_of
+
+    assert [step for step, _ in metrics_of("swe-tiny-sft")["loss"]] == list(range(1, 11))  # TRL's logs, per step
+    rl_metrics = metrics_of("swe-tiny-rl")
+    assert {"loss", "reward", "bar/reward_mean", "bar/informative_share", "bar/rollouts_saved"} <= set(rl_metrics)
+    assert len(metrics_of("swe-tiny-value")["loss"]) == 20
     with session() as db:
         stage = db.get(RunRecord, "swe-tiny-eval")
     evaluated = json.loads(stage.summary)

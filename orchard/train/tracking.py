@@ -1,0 +1,20 @@
+"""Training metrics into the store: a `TrainerCallback` for TRL and transformers trainers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import TrainerCallback
+
+from orchard.store.runs import record_metrics
+
+
+class StoreMetrics(TrainerCallback):
+    """Every logged number (loss, learning rate, reward, grad norm, ...) as a metric of `run_id`."""
+
+    def __init__(self, run_id: str, *, db_url: str | None = None):
+        self.run_id, self.db_url = run_id, db_url
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if logs:
+            record_metrics(self.run_id, int(state.global_step), logs, db_url=self.db_url)
