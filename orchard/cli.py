@@ -599,28 +599,13 @@ def model_smollm2(path: Annotated[Path, typer.Argument(help="An empty (or new) f
 # -- runs -----------------------------------------------------------------------------------
 
 
-def _headline(kind: str, summary: dict[str, Any]) -> str:
-    """The one figure that says how a run went."""
-    if "harnesses" in summary and isinstance(summary["harnesses"], dict):
-        rates = [f"{h} {row['resolve_rate']:.0%}" for h, row in summary["harnesses"].items() if "resolve_rate" in row]
-        return "resolved " + ", ".join(rates) if rates else ""
-    if "matrix" in summary:
-        return "after: " + ", ".join(f"{h} {r:.0%}" for h, r in summary["matrix"].get("after", {}).items())
-    for key in ("train_loss", "reward_mean", "rise_segments"):
-        if isinstance(summary.get(key), int | float):
-            return f"{key} {summary[key]:.4g}"
-    return ""
-
-
 @command(runs_app, "ls")
 def runs_ls(
     kind: Annotated[str | None, typer.Option(help="Only runs of this kind (eval, collect, sft, rl, ...).")] = None,
     status: Annotated[str | None, typer.Option(help="Only running, finished, failed or interrupted runs.")] = None,
 ) -> None:
     """Runs, newest first, with their status and headline figure."""
-    import json
-
-    from orchard.store.runs import list_runs
+    from orchard.store.runs import headline, list_runs
 
     runs = list_runs(kind=kind, status=status)
     if not runs:
@@ -629,9 +614,7 @@ def runs_ls(
     typer.echo(f"{'ID':<24} {'KIND':<8} {'STATUS':<12} {'STARTED':<17} HEADLINE")
     for run in runs:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at))
-        typer.echo(
-            f"{run.id:<24} {run.kind:<8} {run.status:<12} {started:<17} {_headline(run.kind, json.loads(run.summary))}"
-        )
+        typer.echo(f"{run.id:<24} {run.kind:<8} {run.status:<12} {started:<17} {headline(run)}")
 
 
 @command(runs_app, "show")
@@ -639,7 +622,7 @@ def runs_show(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
     """One run: what it was asked, how it went, its metrics (last value, points)."""
     import json
 
-    from orchard.store.runs import get_run, metrics_of, results_of
+    from orchard.store.runs import get_run, headline, metrics_of, results_of
 
     run = get_run(run_id)
     if run is None:
@@ -650,9 +633,8 @@ def runs_show(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
     typer.echo(f"ended    {ended}")
     if run.error:
         typer.echo(f"error    {run.error}")
-    summary = json.loads(run.summary)
-    if summary:
-        typer.echo(f"headline {_headline(run.kind, summary)}")
+    if json.loads(run.summary):
+        typer.echo(f"headline {headline(run)}")
     typer.echo(f"config   {run.config}")
     results = results_of(run.id)
     if results:
@@ -673,6 +655,16 @@ def runs_rm(run_ids: Annotated[list[str], typer.Argument(help="Run ids.")]) -> N
             typer.echo(f"deleted {run_id}")
     if unknown:
         raise OrchardError(f"no run {', '.join(map(repr, unknown))}")
+
+
+@command(app, "tui")
+def tui(
+    refresh: Annotated[float, typer.Option(help="Seconds between reloads from the store.")] = 2.0,
+) -> None:
+    """Watch runs, metrics, sandboxes and trajectories in the terminal (reads the store)."""
+    from orchard.tui.app import OrchardApp
+
+    OrchardApp(refresh_seconds=refresh).run()
 
 
 # -- benchmarks ---------------------------------------------------------------------------

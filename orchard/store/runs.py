@@ -151,3 +151,18 @@ def delete_run(run_id: str, *, db_url: str | None = None) -> bool:
         db.exec(delete(MetricRecord).where(col(MetricRecord.run_id) == run_id))
         db.delete(run)
     return True
+
+
+def headline(run: RunRecord) -> str:
+    """The one figure that says how a run went."""
+    summary = json.loads(run.summary or "{}")
+    harnesses = summary.get("harnesses")
+    if isinstance(harnesses, dict):
+        rates = [f"{h} {row['resolve_rate']:.0%}" for h, row in harnesses.items() if "resolve_rate" in row]
+        return "resolved " + ", ".join(rates) if rates else ""
+    if "matrix" in summary:
+        return "after: " + ", ".join(f"{h} {r:.0%}" for h, r in summary["matrix"].get("after", {}).items())
+    for key in ("train_loss", "reward_mean", "rise_segments"):
+        if isinstance(summary.get(key), int | float):
+            return f"{key} {summary[key]:.4g}"
+    return ""
