@@ -8,6 +8,7 @@ demo: images example-repos
     python examples/quickstart.py || (orchard down; exit 1)
     orchard down
     orchard eval --tasks examples/tasks/tasks.jsonl --repos {{repos}} --model scripted:gold --harness bash,tools,cli
+    orchard demo
 
 repos := env_var_or_default("XDG_CACHE_HOME", env_var("HOME") + "/.cache") + "/orchard/example-repos"
 

@@ -657,6 +657,94 @@ def runs_rm(run_ids: Annotated[list[str], typer.Argument(help="Run ids.")]) -> N
         raise OrchardError(f"no run {', '.join(map(repr, unknown))}")
 
 
+@command(app, "demo")
+def demo(
+    tasks: Annotated[int, typer.Option(min=1, help="Example tasks to use (4 by default; 15 exist).")] = 4,
+    work_dir: Annotated[Path | None, typer.Option(help="Where models go (default ~/.orchard/demo).")] = None,
+) -> None:
+    """The main job: the whole Orchard-SWE loop on the example tasks with a tiny model, offline."""
+    import json
+    import warnings
+
+    import yaml
+    from rich.console import Console
+    from rich.table import Table
+    from transformers.utils import logging as hf_logging
+
+    from orchard.env import images
+    from orchard.train.swe import SWEConfig, run_swe
+
+    root = Path(__file__).resolve().parents[1]
+    examples = root / "examples"
+    if not (examples / "tasks" / "tasks.jsonl").is_file():
+        raise OrchardError(f"the demo needs a source checkout's examples/ folder, not found at {examples}")
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    say = lambda line: typer.echo(line, err=True)  # noqa: E731
+    say("[demo] base image (built offline once)")
+    images.build_base()
+    repos = settings().cache_dir / "example-repos"
+    subprocess.run(
+        [sys.executable, str(examples / "tasks" / "make_repos.py"), "--force", str(repos)],
+        check=True,
+        capture_output=True,
+    )
+    data = yaml.safe_load((examples / "configs" / "swe-tiny.yaml").read_text())
+    all_ids = [
+        json.loads(line)["instance_id"]
+        for line in (examples / "tasks" / "tasks.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    chosen = (data["ids"] + [i for i in all_ids if i not in data["ids"]])[:tasks]
+    folder = work_dir or settings().home / "demo" / f"tasks-{tasks}"
+    data.update(
+        name=f"demo-{tasks}",
+        tasks=str(examples / "tasks" / "tasks.jsonl"),
+        repos=str(repos),
+        ids=chosen,
+        work_dir=str(folder),
+    )
+    data["eval"] = {"enabled": True, "harnesses": ["bash", "tools", "cli"], "samples": 2, "max_steps": 3}
+    started = time.monotonic()
+    summary = run_swe(SWEConfig.model_validate(data), log=say)
+    table = Table(title=f"Orchard-SWE demo: {len(chosen)} tasks, {time.monotonic() - started:.0f} s")
+    table.add_column("stage")
+    table.add_column("result")
+    from orchard.store.runs import get_run, headline
+
+    for run_id in summary["collect"]:
+        run = get_run(run_id)
+        table.add_row("collect", f"{run.name.split(' collect ')[-1]}: {headline(run)}" if run else run_id)
+    credit, sft, rl, value = (summary[k] for k in ("credit", "sft", "rl", "value"))
+    table.add_row("credit", f"{credit['unresolved']} unresolved trajectories, {credit['rise_segments']} rise segments")
+    table.add_row(
+        "sft",
+        f"{sft['examples']} examples ({sft['partial_examples']} by rise segments), loss {sft['losses'][0]:.2f} -> {sft['losses'][-1]:.2f}",
+    )
+    table.add_row(
+        "rl (BAR)",
+        f"{rl['steps']} step(s), reward {rl.get('reward_mean', 0):.2f}, {rl.get('rollouts_per_group', 0):.0f} rollouts/group",
+    )
+    table.add_row(
+        "value", f"{value['trajectories']} trajectories, loss {value['losses'][0]:.3f} -> {value['losses'][-1]:.3f}"
+    )
+    evaluated = summary["eval"]
+    for label in ("before", "after"):
+        cells = ", ".join(f"{h} {r:.0%}" for h, r in evaluated["matrix"][label].items())
+        table.add_row(
+            f"eval {label}",
+            cells + (f" (held out: {', '.join(evaluated['held_out'])})" if evaluated["held_out"] else ""),
+        )
+    for harness, figures in evaluated["rerank"].items():
+        table.add_row(
+            f"rerank {harness}",
+            f"one sample {figures['one_sample']:.0%}, value pick {figures['reranked']:.0%}, oracle {figures['oracle_pass_at_n']:.0%}",
+        )
+    Console().print(table)
+    typer.echo("open `orchard tui` to see the runs, their metrics, the sandboxes and every trajectory")
+
+
 @command(app, "tui")
 def tui(
     refresh: Annotated[float, typer.Option(help="Seconds between reloads from the store.")] = 2.0,

@@ -218,7 +218,8 @@ def _stage(
         finish_run(run_id, status, {}, error=str(exc) or type(exc).__name__, db_url=db_url)
         raise
     finish_run(run_id, "finished", result, db_url=db_url)
-    log(f"[{stage}] " + ", ".join(f"{k}={_short(v)}" for k, v in result.items() if not isinstance(v, list | dict)))
+    scalars = ", ".join(f"{k}={_short(v)}" for k, v in result.items() if not isinstance(v, list | dict))
+    log(f"[{stage}] {scalars or 'done'}")
     return result
 
 

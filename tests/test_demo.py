@@ -1,0 +1,22 @@
+"""`orchard demo`, shortened to one task, end to end; it leaves no sandbox behind."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from orchard.cli import app
+
+pytestmark = pytest.mark.docker
+
+
+def test_a_short_demo_runs_the_whole_loop(orchard_home, base_image, docker_client, tmp_path):
+    before = {c.id for c in docker_client.containers.list(all=True, filters={"label": "org.orchard.managed=true"})}
+    result = CliRunner().invoke(app, ["demo", "--tasks", "1", "--work-dir", str(tmp_path / "demo")])
+    assert result.exit_code == 0, result.output
+    for row in ("collect", "credit", "sft", "rl (BAR)", "value", "eval before", "eval after", "rerank bash"):
+        assert f"│ {row}" in result.stdout, row
+    assert "scripted:gold: resolved bash 100%, tools 100%" in result.stdout
+    assert "open `orchard tui`" in result.stdout
+    after = {c.id for c in docker_client.containers.list(all=True, filters={"label": "org.orchard.managed=true"})}
+    assert after - before == set()
