@@ -22,7 +22,16 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static
 
-from orchard.store import ExecRecord, ResultRecord, RunRecord, SandboxRecord, StepRecord, TrajectoryRecord, session
+from orchard.store import (
+    ExecRecord,
+    MetricRecord,
+    ResultRecord,
+    RunRecord,
+    SandboxRecord,
+    StepRecord,
+    TrajectoryRecord,
+    session,
+)
 from orchard.store.runs import headline, list_runs, metrics_of
 
 KINDS = [None, "eval", "collect", "credit", "sft", "rl", "value"]
@@ -62,7 +71,7 @@ class RunsScreen(Screen):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("run", "kind", "status", "started", "headline")
+        table.add_columns("run", "kind", "status", "started", "progress", "headline")
         self.reload()
         self.set_interval(self.app.refresh_seconds, self.reload)  # type: ignore[attr-defined]
 
@@ -72,8 +81,18 @@ class RunsScreen(Screen):
         table = self.query_one(DataTable)
         selected = table.cursor_row
         table.clear()
-        for run in list_runs(kind=kind, status=status, db_url=self.app.db_url):  # type: ignore[attr-defined]
-            table.add_row(run.id, run.kind, run.status, _when(run.started_at), headline(run), key=run.id)
+        db_url = self.app.db_url  # type: ignore[attr-defined]
+        runs = list_runs(kind=kind, status=status, db_url=db_url)
+        with session(db_url) as db:
+            graded = dict(db.exec(select(ResultRecord.run_id, func.count()).group_by(ResultRecord.run_id)).all())
+            steps = dict(
+                db.exec(select(MetricRecord.run_id, func.max(MetricRecord.step)).group_by(MetricRecord.run_id)).all()
+            )
+        for run in runs:
+            progress = (
+                f"{graded[run.id]} graded" if run.id in graded else f"step {steps[run.id]}" if steps.get(run.id) else ""
+            )
+            table.add_row(run.id, run.kind, run.status, _when(run.started_at), progress, headline(run), key=run.id)
         if table.row_count:
             table.move_cursor(row=min(selected, table.row_count - 1))
 
@@ -139,6 +158,7 @@ class RunScreen(Screen):
         if run.error:
             lines.append(f"error: {run.error}")
         lines.append(headline(run))
+        lines.append(f"config: {_one_line(run.config, 300)}")
         self.query_one("#about", Static).update("\n".join(lines))
         box = self.query_one("#metrics", VerticalScroll)
         for name, points in sorted(metrics_of(run.id, db_url=db_url).items()):
