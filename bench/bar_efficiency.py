@@ -92,6 +92,7 @@ def main() -> None:
         "BAR s=8 (N_max=16)": lambda p: bar(p, rng, BARConfig(stride=8)),
         "BAR s=4 (N_max=16)": lambda p: bar(p, rng, BARConfig(stride=4)),
     }
+    figures: dict[str, dict] = {}
     print(
         f"{len(tasks)} tasks; success-probability mix: " + ", ".join(f"{s:.0%} in [{lo}, {hi}]" for s, lo, hi in SPREAD)
     )
@@ -107,6 +108,7 @@ def main() -> None:
             f"{'method':<38} {'rollouts':>9} {'informative':>12} {'per informative':>16} {'vs fixed':>9} {'balanced':>9} {'per balanced':>13} {'vs fixed':>9}"
         )
         base = base_balanced = None
+        figures[title.split(" (")[0]] = rows = {}
         for name, method in methods.items():
             outcomes = [method(p) for p in chosen]
             spent = sum(o.spent for o in outcomes)
@@ -114,6 +116,12 @@ def main() -> None:
             balanced = [o for o in informative if 0.375 <= o.positives / o.size <= 0.625]
             per, per_balanced = spent / max(1, len(informative)), spent / max(1, len(balanced))
             base, base_balanced = base or per, base_balanced or per_balanced
+            rows[name] = {
+                "per_informative": per,
+                "per_balanced": per_balanced,
+                "informative_share": len(informative) / len(outcomes),
+                "balanced_share": len(balanced) / max(1, len(informative)),
+            }
             print(
                 f"{name:<38} {spent:>9} {len(informative) / len(outcomes):>11.1%} {per:>16.2f} {base / per:>8.2f}x "
                 f"{len(balanced) / max(1, len(informative)):>8.1%} {per_balanced:>13.2f} {base_balanced / per_balanced:>8.2f}x"
@@ -122,6 +130,9 @@ def main() -> None:
         "\n'vs fixed': how many times fewer rollouts than fixed groups each (balanced) informative group costs; "
         "'balanced': share of informative groups with n+/N in [0.375, 0.625]."
     )
+    from orchard.store.runs import record_bench
+
+    print(f"recorded as run {record_bench('bar-efficiency', vars(args), figures)}")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ import httpx
 from orchard.config import BASE_IMAGE, settings
 from orchard.env import Client
 from orchard.env.backends.docker import RUN_MOUNT, DockerConfig
+from orchard.store.runs import record_bench
 
 COMMANDS = {
     "true": "true",
@@ -276,6 +277,10 @@ def main() -> None:
     if not ok:
         failed.append("warm pool hand-over")
     print(f"\n{len(failed)} target(s) missed" + (": " + "; ".join(failed) if failed else ""))
+    p50 = {name: {path: statistics.median(values) for path, values in paths.items()} for name, paths in results.items()}
+    p50["hand-over"] = {path: statistics.median(values) for path, values in pool.items()}
+    run_id = record_bench("env-latency", vars(args) | {"json": str(args.json)}, {"p50_ms": p50, "missed": failed})
+    print(f"recorded as run {run_id}")
 
 
 if __name__ == "__main__":

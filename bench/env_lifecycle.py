@@ -56,6 +56,7 @@ from orchard.config import BASE_IMAGE
 from orchard.env import Client
 from orchard.env.backends.base import LABEL_PREFIX, process_owner
 from orchard.env.client import Sandbox
+from orchard.store.runs import record_bench
 
 OWNER = process_owner()
 BENCH_LABEL = {"org.orchard.bench": "lifecycle", "org.orchard.bench.owner": OWNER}
@@ -398,6 +399,10 @@ def main() -> None:
                 print(f"removed {left} leftover container(s) labelled {labels}")
         engine.close()
     print_table(results)
+    run_id = record_bench(
+        "env-lifecycle", {"n": args.n, "image": args.image}, {"paths": [r.summary() for r in results]}
+    )
+    print(f"recorded as run {run_id}")
     if args.json:
         write_json(args.json, args, results)
 

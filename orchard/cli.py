@@ -611,10 +611,11 @@ def runs_ls(
     if not runs:
         typer.echo("no runs")
         return
-    typer.echo(f"{'ID':<24} {'KIND':<8} {'STATUS':<12} {'STARTED':<17} HEADLINE")
+    width = max(len(run.id) for run in runs) + 1
+    typer.echo(f"{'ID':<{width}} {'KIND':<8} {'STATUS':<12} {'STARTED':<17} HEADLINE")
     for run in runs:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at))
-        typer.echo(f"{run.id:<24} {run.kind:<8} {run.status:<12} {started:<17} {headline(run)}")
+        typer.echo(f"{run.id:<{width}} {run.kind:<8} {run.status:<12} {started:<17} {headline(run)}")
 
 
 @command(runs_app, "show")

@@ -166,3 +166,11 @@ def headline(run: RunRecord) -> str:
         if isinstance(summary.get(key), int | float):
             return f"{key} {summary[key]:.4g}"
     return ""
+
+
+def record_bench(name: str, config: dict[str, Any], summary: dict[str, Any], *, db_url: str | None = None) -> str:
+    """A benchmark's result as a finished run of kind `bench` (its figures in the summary)."""
+    run_id = f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    start_run(run_id, "bench", name, config, db_url=db_url)
+    finish_run(run_id, "finished", summary, db_url=db_url)
+    return run_id
