@@ -37,7 +37,10 @@ def convert_smollm2(out: str | Path) -> Path:
     source = gguf_file()
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name)
-    model = LlamaForCausalLM(cast(LlamaConfig, loaded.config))
+    config = cast(LlamaConfig, loaded.config)
+    if hasattr(config, "quantization_config"):  # the weights are de-quantized now: a plain fp32 model
+        del config.quantization_config
+    model = LlamaForCausalLM(config)
     model.load_state_dict(loaded.state_dict())
     model.generation_config.pad_token_id = tokenizer.pad_token_id or tokenizer.eos_token_id
     tokenizer.chat_template = CHAT_TEMPLATE  # ChatML like its own, plus tools and tool calls

@@ -18,6 +18,7 @@ def test_smollm2_converts_to_a_checkpoint_that_answers(tmp_path: Path):
     model = TransformersModel(str(folder), max_new_tokens=12)
     assert 130e6 < sum(p.numel() for p in model.model.parameters()) < 140e6
     assert model.tokenizer.chat_template == CHAT_TEMPLATE
+    assert "quantization_config" not in (folder / "config.json").read_text()  # trainable as it is
     reply = model.complete([{"role": "user", "content": "What is 2+2? Answer with the number."}], None)
     assert "4" in reply.content  # a pretrained model, not random weights
     with pytest.raises(ConfigError, match="is not empty"):
