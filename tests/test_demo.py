@@ -11,12 +11,14 @@ pytestmark = pytest.mark.docker
 
 
 def test_a_short_demo_runs_the_whole_loop(orchard_home, base_image, docker_client, tmp_path):
-    before = {c.id for c in docker_client.containers.list(all=True, filters={"label": "org.orchard.managed=true"})}
+    def managed() -> set[str]:  # one list call: no per-container inspect racing other tests' deletions
+        return {c["Id"] for c in docker_client.api.containers(all=True, filters={"label": "org.orchard.managed=true"})}
+
+    before = managed()
     result = CliRunner().invoke(app, ["demo", "--tasks", "1", "--work-dir", str(tmp_path / "demo")])
     assert result.exit_code == 0, result.output
     for row in ("collect", "credit", "sft", "rl (BAR)", "value", "eval before", "eval after", "rerank bash"):
         assert f"│ {row}" in result.stdout, row
     assert "scripted:gold: resolved bash 100%, tools 100%" in result.stdout
     assert "open `orchard tui`" in result.stdout
-    after = {c.id for c in docker_client.containers.list(all=True, filters={"label": "org.orchard.managed=true"})}
-    assert after - before == set()
+    assert managed() - before == set()

@@ -46,12 +46,17 @@ def test_fork_storm_stays_in_its_sandbox(client, base_image):
 def test_filling_a_capped_folder_stops_there(client, base_image, docker_client):
     """The engine here (overlay2 on ext4) cannot cap the writable layer: `disk=` is refused with
     the reason and nothing is started; a capped in-memory folder is filled instead."""
-    before = {c.id for c in docker_client.containers.list(all=True)}
+
+    def ours() -> set[str]:  # this client's containers only: another test worker runs beside us
+        mine = {"label": f"org.orchard.owner={client._manager.owner}"}
+        return {c["Id"] for c in docker_client.api.containers(all=True, filters=mine)}
+
+    before = ours()
     driver = docker_client.info()["Driver"]
     if "xfs" not in str(docker_client.info().get("DriverStatus")) and driver not in ("btrfs", "zfs"):
         with pytest.raises(ConfigError, match="cannot cap a sandbox's disk: its storage driver is"):
             client.create(base_image, disk="1Gi")
-        assert {c.id for c in docker_client.containers.list(all=True)} == before
+        assert ours() == before
     with client.create(base_image, tmpfs={"/scratch": "16Mi"}, memory="256Mi") as box:
         box.write_file("/workspace/kept.txt", "precious\n")
         fill = box.exec("dd if=/dev/zero of=/scratch/fill bs=1M count=64", timeout=60)

@@ -152,8 +152,9 @@ def test_an_interrupted_eval_continues_where_it_stopped(orchard_home, base_image
     assert 3 <= len(recorded) < len(load_tasks(TASKS))
 
     def orphans() -> list[str]:
-        managed = docker_client.containers.list(all=True, filters={"label": "org.orchard.managed=true"})
-        return [c.name for c in managed if f":{process.pid}:" in c.labels.get("org.orchard.owner", "")]
+        # one list call (no per-container inspect that races with other tests' deletions)
+        managed = docker_client.api.containers(all=True, filters={"label": "org.orchard.managed=true"})
+        return [c["Names"][0] for c in managed if f":{process.pid}:" in c["Labels"].get("org.orchard.owner", "")]
 
     killed_with = orphans()  # usually the sandbox it was working in
     eval_(*args[2:])
