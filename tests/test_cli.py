@@ -110,7 +110,7 @@ def test_up_status_down_leave_nothing_behind(orchard_home, docker_client, base_i
         again = runner.invoke(app, ["up", "--port", str(port)], env=env)
         assert "already running" in again.stdout
         sandbox_id = runner.invoke(app, ["sandbox", "create", base_image], env=env).stdout.strip()
-        assert docker_client.containers.list(filters={"name": f"orchard-{sandbox_id}"})
+        assert docker_client.api.containers(filters={"name": f"orchard-{sandbox_id}"})
         import json
 
         import httpx
@@ -130,9 +130,9 @@ def test_up_status_down_leave_nothing_behind(orchard_home, docker_client, base_i
     finally:
         stopped = runner.invoke(app, ["down"], env=env)
     assert stopped.exit_code == 0, stopped.output
-    assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{sandbox_id}"})
+    assert not docker_client.api.containers(all=True, filters={"name": f"orchard-{sandbox_id}"})
     for owned in ids:  # the pooled one too
-        assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{owned}"})
+        assert not docker_client.api.containers(all=True, filters={"name": f"orchard-{owned}"})
     assert not (orchard_home / "service.json").exists()
     time.sleep(0.1)
     assert "not running" in runner.invoke(app, ["status"], env=env).stdout

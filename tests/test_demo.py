@@ -11,8 +11,11 @@ pytestmark = pytest.mark.docker
 
 
 def test_a_short_demo_runs_the_whole_loop(orchard_home, base_image, docker_client, tmp_path):
-    def managed() -> set[str]:  # one list call: no per-container inspect racing other tests' deletions
-        return {c["Id"] for c in docker_client.api.containers(all=True, filters={"label": "org.orchard.managed=true"})}
+    from orchard.env.backends.base import process_owner
+
+    def managed() -> set[str]:  # this process's sandboxes (the demo runs in it), not the other worker's
+        mine = {"label": f"org.orchard.owner={process_owner()}"}
+        return {c["Id"] for c in docker_client.api.containers(all=True, filters=mine)}
 
     before = managed()
     result = CliRunner().invoke(app, ["demo", "--tasks", "1", "--work-dir", str(tmp_path / "demo")])

@@ -34,4 +34,4 @@ def test_hundred_sandboxes_twenty_commands_each_all_recorded(base_image, tmp_pat
         ).one()
     assert (records, ok) == (SANDBOXES * COMMANDS, SANDBOXES * COMMANDS)
     assert len(boxes) == SANDBOXES and {b.status for b in boxes} == {"deleted"}
-    assert not docker_client.containers.list(all=True, filters={"label": "org.orchard.run=load"})
+    assert not docker_client.api.containers(all=True, filters={"label": "org.orchard.run=load"})

@@ -180,7 +180,7 @@ def test_blocked_network_has_no_route_and_open_reaches_a_server(client, base_ima
 def test_unknown_image_fails_clearly_and_leaves_nothing(client, docker_client):
     with pytest.raises(NotFound, match="no-such-image"):
         client.create("orchard/no-such-image:1", sandbox_id="unknown-image")
-    assert not docker_client.containers.list(all=True, filters={"name": "orchard-unknown-image"})
+    assert not docker_client.api.containers(all=True, filters={"name": "orchard-unknown-image"})
     assert not (client._manager.backend._run_root / "unknown-image").exists()
 
 
@@ -208,9 +208,8 @@ def test_container_that_dies_at_once_fails_at_once(client, base_image, docker_cl
     with pytest.raises(SandboxError, match="exited"):
         client.create(base_image, memory="6Mi", timeout=60)
     assert time.monotonic() - started < 30
-    assert not docker_client.containers.list(
-        all=True, filters={"label": "org.orchard.managed=true", "status": "exited"}
-    )
+    mine = f"org.orchard.owner={client._manager.owner}"  # not the other test worker's containers
+    assert not docker_client.api.containers(all=True, filters={"label": mine, "status": "exited"})
 
 
 def test_store_records_sandboxes_and_commands(client, base_image):
@@ -258,7 +257,7 @@ def test_sandboxes_do_not_outlive_their_process(ending, base_image, docker_clien
     child.wait(timeout=60)
     if ending == "sigkill":  # nothing in the child ran: the next manager (here or elsewhere) reaps it
         SandboxManager("docker", db_url=db, reap_interval=None).close()
-    assert not docker_client.containers.list(all=True, filters={"name": name})
+    assert not docker_client.api.containers(all=True, filters={"name": name})
 
 
 def test_reaper_removes_expired_sandboxes(base_image, docker_client, tmp_path):
@@ -269,7 +268,7 @@ def test_reaper_removes_expired_sandboxes(base_image, docker_client, tmp_path):
         info = manager.create(SandboxSpec(image=base_image, ttl=60))
         assert manager.reap() == []
         assert manager.reap(now=time.time() + 120) == [info.sandbox_id]
-        assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{info.sandbox_id}"})
+        assert not docker_client.api.containers(all=True, filters={"name": f"orchard-{info.sandbox_id}"})
 
 
 def test_published_loopback_port_route(base_image, tmp_path):
@@ -336,7 +335,7 @@ async def test_async_sdk_embedded_records_and_cleans_up(base_image, tmp_path, do
         assert [o.stdout for o in outputs] == ["0\n", "1\n", "2\n"]
         ids = [box.id for box in boxes]
     for sandbox_id in ids:
-        assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{sandbox_id}"})
+        assert not docker_client.api.containers(all=True, filters={"name": f"orchard-{sandbox_id}"})
     with store.session(db) as session:
         commands = sorted(r.command for r in session.exec(select(store.ExecRecord)).all())
     assert commands == ["echo 0", "echo 1", "echo 2"]
@@ -391,7 +390,7 @@ def test_warm_pool_hands_over_ready_sandboxes_and_refills(base_image, tmp_path, 
         assert len(manager.list()) == 4
         ids = [info.sandbox_id for info in manager.list()]
     for sandbox_id in ids:  # pooled ones are deleted with the client too
-        assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{sandbox_id}"})
+        assert not docker_client.api.containers(all=True, filters={"name": f"orchard-{sandbox_id}"})
 
 
 def test_a_session_survives_broken_commands_and_drops_background_output(box):

@@ -186,7 +186,7 @@ def test_failed_starts_are_reported_at_once_and_cleaned(http, remote, base_image
     status = http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60}).json()
     assert status["status"] == "failed" and "exited" in status["status_message"]
     assert time.monotonic() - started < 30
-    assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{sandbox_id}"})
+    assert not docker_client.api.containers(all=True, filters={"name": f"orchard-{sandbox_id}"})
     with pytest.raises(SandboxError, match="exited"):
         remote.create(base_image, memory="6Mi")
     with pytest.raises(SandboxError, match="not found"):
@@ -216,7 +216,7 @@ def test_silent_heartbeats_get_a_sandbox_reaped(http, sandbox_id, docker_client)
             break
         time.sleep(0.1)
     assert http.get(f"/sandboxes/{sandbox_id}").status_code == 404
-    assert not docker_client.containers.list(all=True, filters={"name": f"orchard-{sandbox_id}"})
+    assert not docker_client.api.containers(all=True, filters={"name": f"orchard-{sandbox_id}"})
 
 
 async def test_async_sdk_through_the_service(service, base_image):

@@ -101,6 +101,6 @@ async def test_deleting_a_real_sandbox(docker_client, busybox_image, tmp_path):
             await pilot.press("d")
             await pilot.pause()
             assert app.screen.query_one(DataTable).row_count == 0
-        assert docker_client.containers.list(all=True, filters={"name": f"orchard-{box.id}"}) == []
+        assert docker_client.api.containers(all=True, filters={"name": f"orchard-{box.id}"}) == []
         with session(db_url) as db:
             assert db.get(SandboxRecord, box.id).status == "deleted"
