@@ -33,6 +33,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="orchard-smollm-"))
     os.environ["ORCHARD_HOME"] = str(work / "home")  # a store of its own
     warnings.filterwarnings("ignore", category=FutureWarning)
+    from sqlmodel import select
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -74,7 +75,7 @@ def main() -> None:
             concurrency=1,
         )
         with session() as db:
-            records = [t for t in db.query(TrajectoryRecord).filter(TrajectoryRecord.run_id == result.run_id)]
+            records = list(db.exec(select(TrajectoryRecord).where(TrajectoryRecord.run_id == result.run_id)))
         steps = sum(t.steps for t in records)
         parsed = 1 - sum(t.format_errors for t in records) / max(1, steps)
         rate = result.summary["harnesses"]["bash"]["resolve_rate"]
