@@ -9,6 +9,7 @@ a complete harness: copy it to write your own.
 from __future__ import annotations
 
 import re
+import shlex
 from typing import TYPE_CHECKING, Any
 
 from orchard.agents.base import Action, FormatError, Message, Reply, Step, run_shell, task_text
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
     from orchard.env.client import Sandbox
 
 SENTINELS = ("submit", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
-_BLOCK = re.compile(r"```(?:bash|sh)\s*\n(.*?)\n?```", re.DOTALL)
+_BLOCK = re.compile(r"(`{3,})(?:bash|sh)[ \t]*\n(.*?)\n?\1(?!`)", re.DOTALL)
+"""A fenced block; as in CommonMark, a longer fence may hold lines with three backticks."""
 
 SYSTEM = """You are a software engineer fixing an issue in a repository, working in a Linux shell.
 Every reply has a short thought, then exactly one shell command in a fenced block:
@@ -49,7 +51,7 @@ class BashHarness:
         return None
 
     def parse(self, reply: Reply) -> list[Action]:
-        blocks = _BLOCK.findall(reply.content or "")
+        blocks = [body for _fence, body in _BLOCK.findall(reply.content or "")]
         if len(blocks) != 1:
             raise FormatError(
                 f"found {len(blocks)} ```bash blocks; reply with a thought and exactly one ```bash block "
@@ -76,7 +78,9 @@ class BashHarness:
         if step.kind == "submit":
             command = "submit"
         elif step.kind == "write":
-            command = f"cat <<'ORCHARD_EOF' > {step.path}\n{step.content}ORCHARD_EOF"
+            content = step.content if step.content.endswith("\n") else step.content + "\n"
+            command = f"cat <<'ORCHARD_EOF' > {shlex.quote(step.path)}\n{content}ORCHARD_EOF"
         else:
             command = step.command
-        return Reply(content=f"{thought}\n\n```bash\n{command}\n```")
+        fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", command)), default=0))
+        return Reply(content=f"{thought}\n\n{fence}bash\n{command}\n{fence}")

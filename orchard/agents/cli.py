@@ -117,6 +117,9 @@ class CliHarness:
                 raise FormatError(f"{call.name} needs `{field}` as a {'list of strings' if kind is list else 'string'}")
             if call.name == "write_file" and not isinstance(arguments.get("content"), str):
                 raise FormatError("write_file needs `content` as a string")
+            for name, kinds in (("workdir", str), ("timeout_ms", int), ("offset", int), ("limit", int)):
+                if arguments.get(name) is not None and not isinstance(arguments[name], kinds):
+                    raise FormatError(f"{call.name}: `{name}` must be a {kinds.__name__}")
             actions.append(Action(call.name, arguments, call.id))
         return actions
 

@@ -103,8 +103,10 @@ class ScriptedModel:
             path = Path(source)
             try:
                 data = json.loads(path.read_text())
+                if not isinstance(data, dict):
+                    raise TypeError("the file must hold a JSON object: {instance_id: [step, ...]}")
                 self._scripts = {key: [Step(**step) for step in steps] for key, steps in data.items()}
-            except (OSError, ValueError, TypeError) as exc:
+            except (OSError, ValueError, TypeError, AttributeError) as exc:
                 raise ConfigError(f"scripted model {source}: cannot read steps ({exc})") from None
 
     def session(self, task: SWETask, harness: Harness) -> ScriptedSession:

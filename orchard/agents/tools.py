@@ -224,7 +224,7 @@ def _numbered(text: str, first: int, last: int) -> str:
 
 
 def _heredoc(path: str, content: str) -> str:
-    return f"cat <<'ORCHARD_EOF' > {path}\n{content if content.endswith(chr(10)) else content + chr(10)}ORCHARD_EOF"
+    return f"cat <<'ORCHARD_EOF' > {shlex.quote(path)}\n{content if content.endswith(chr(10)) else content + chr(10)}ORCHARD_EOF"
 
 
 def _json(value: dict[str, Any]) -> str:

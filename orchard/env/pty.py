@@ -272,14 +272,16 @@ def attach_terminal(terminal: Terminal, stdin_fd: int = 0, out: Any = None) -> i
     import tty
 
     out = out or sys.stdout.buffer
-    wake_r, wake_w = os.pipe()
+    done_r, done_w = os.pipe()  # the output thread has ended
+    winch_r, winch_w = os.pipe()  # the window was resized
+    os.set_blocking(winch_w, False)
     saved = termios.tcgetattr(stdin_fd)
     tty.setraw(stdin_fd, termios.TCSANOW)  # keep what was typed ahead
 
     def on_resize(_signum: int, _frame: object) -> None:
-        size = os.get_terminal_size(stdin_fd)
-        with contextlib.suppress(AgentError):
-            terminal.resize(size.lines, size.columns)
+        # Only a byte: sending from a handler could interrupt a send holding its lock, and deadlock.
+        with contextlib.suppress(OSError):
+            os.write(winch_w, b"w")
 
     previous = signal.signal(signal.SIGWINCH, on_resize)
     failure: list[str] = []
@@ -293,23 +295,42 @@ def attach_terminal(terminal: Terminal, stdin_fd: int = 0, out: Any = None) -> i
                 elif frame["type"] == "error":
                     failure.append(str(frame.get("message")))
         finally:
-            os.write(wake_w, b"x")
+            with contextlib.suppress(OSError):
+                os.write(done_w, b"x")
 
     reader = threading.Thread(target=pump_output, name="terminal-output", daemon=True)
     reader.start()
     try:
-        while wake_r not in select.select([wake_r, stdin_fd], [], [])[0]:
-            data = os.read(stdin_fd, 4096)
-            if not data:
+        while True:
+            ready = select.select([done_r, winch_r, stdin_fd], [], [])[0]
+            if done_r in ready:
                 break
-            with contextlib.suppress(AgentError):
-                terminal.write(data)
+            if winch_r in ready:
+                os.read(winch_r, 1024)
+                size = os.get_terminal_size(stdin_fd)
+                with contextlib.suppress(AgentError):
+                    terminal.resize(size.lines, size.columns)
+            if stdin_fd in ready:
+                try:
+                    data = os.read(stdin_fd, 4096)
+                except OSError:  # our own terminal went away
+                    data = b""
+                if not data:
+                    with contextlib.suppress(AgentError):
+                        terminal.signal("HUP")
+                    break
+                with contextlib.suppress(AgentError):
+                    terminal.write(data)
     finally:
         signal.signal(signal.SIGWINCH, previous)
-        termios.tcsetattr(stdin_fd, termios.TCSADRAIN, saved)
-        os.close(wake_r)
-        os.close(wake_w)
-    reader.join(timeout=1.0)
+        with contextlib.suppress(termios.error):
+            termios.tcsetattr(stdin_fd, termios.TCSADRAIN, saved)
+        for fd in (winch_r, winch_w):
+            os.close(fd)
+    reader.join(timeout=5.0)
+    if not reader.is_alive():  # else it may still write its wake-up byte: leave that pipe open
+        os.close(done_r)
+        os.close(done_w)
     if failure:
         raise AgentError(f"terminal failed: {failure[0]}")
     if terminal.exit_code is None:

@@ -109,11 +109,16 @@ def evaluate(
         images = _images(pending, mirror, concurrency)
         with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="orchard-eval") as pool:
             futures = [pool.submit(_attempt, run_id, a, images, solve, client, db_url) for a in pending]
-            for future in as_completed(futures):
-                record = future.result()
-                finished += 1
-                if on_progress:
-                    on_progress(finished, total, record)
+            try:
+                for future in as_completed(futures):
+                    record = future.result()
+                    finished += 1
+                    if on_progress:
+                        on_progress(finished, total, record)
+            except BaseException:
+                for future in futures:  # Ctrl-C: start nothing more; what runs finishes and is recorded
+                    future.cancel()
+                raise
     except BaseException as exc:
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         partial = summarize(results_of(run_id, db_url=db_url), report_ids or [t.instance_id for t in tasks])
@@ -165,6 +170,8 @@ def _attempt(
             solved = solve(attempt, image, client, run_id)
         except OrchardError as exc:
             solved = Solved(patch="", error=f"the solver failed: {exc}")
+        except Exception as exc:  # a bug or a surprise in one attempt must not end the run
+            solved = Solved(patch="", error=f"the solver failed ({type(exc).__name__}): {exc}")
         if solved.error and not solved.patch.strip():
             grade = Grade(task.instance_id, "error", error=solved.error)
         else:

@@ -49,7 +49,11 @@ class RepoMirror:
         return [self.root / each for each in names]
 
     def path(self, repo: str) -> Path:
-        """A local git repository holding `repo`."""
+        """A local git repository holding `repo` (one clone at a time per repository)."""
+        with _lock_for(f"repo:{repo}"):
+            return self._path(repo)
+
+    def _path(self, repo: str) -> Path:
         for candidate in self.candidates(repo):
             if _is_git_repo(candidate):
                 return candidate
@@ -70,7 +74,10 @@ class RepoMirror:
                 f"repository {repo} not found (looked in {looked}) and cloning it failed: {exc}; "
                 "pass --repos DIR with a local copy"
             ) from None
-        temp.rename(cached)
+        try:
+            temp.rename(cached)
+        except OSError as exc:
+            raise ConfigError(f"could not store the clone of {repo} in {cached}: {exc}") from None
         return cached
 
 
@@ -119,7 +126,10 @@ def task_image(
     import docker
     import docker.errors
 
-    client = docker.from_env(timeout=600)
+    try:
+        client = docker.from_env(timeout=600)
+    except docker.errors.DockerException as exc:
+        raise SandboxError(f"cannot reach the Docker engine to build task images: {exc}") from None
     try:
         if task.image:
             try:
@@ -138,7 +148,10 @@ def task_image(
                 return tag
             except docker.errors.ImageNotFound:
                 pass
-            _build(client, task, mirror, base_image, tag, log or (lambda _line: None))
+            try:
+                _build(client, task, mirror, base_image, tag, log or (lambda _line: None))
+            except (OSError, docker.errors.DockerException) as exc:
+                raise SandboxError(f"task {task.instance_id}: building its image failed: {exc}") from None
         return tag
     finally:
         client.close()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import shlex
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -34,6 +35,7 @@ PATCH_FILE = "/tmp/orchard-model.patch"
 TEST_PATCH_FILE = "/tmp/orchard-test.patch"
 DEFAULT_TEST_TIMEOUT = 900.0
 _SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+)(?:\s+-\s.*)?$")
+_STATUSES = frozenset({"PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS"})
 _DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 
 
@@ -58,13 +60,23 @@ class Grade:
         return {**asdict(self), "resolved": self.resolved}
 
 
-def parse_pytest_summary(log: str) -> dict[str, str]:
-    """Test id -> status from the `-rA` short summary (and `-v` lines) of a pytest log."""
+def parse_pytest_summary(log: str, known: Sequence[str] = ()) -> dict[str, str]:
+    """Test id -> status from the `-rA` short summary of a pytest log. Ids in `known` are matched
+    whole, so parametrized ids with spaces (`test_x[a b]`) are found too."""
     statuses: dict[str, str] = {}
-    for line in log.splitlines():
-        match = _SUMMARY.match(line.strip())
-        if match:
-            statuses[match.group(2)] = match.group(1)
+    by_length = sorted(known, key=len, reverse=True)
+    for raw in log.splitlines():
+        line = raw.strip()
+        match = _SUMMARY.match(line)
+        status = match.group(1) if match else line.split(" ", 1)[0]
+        if status not in _STATUSES:
+            continue
+        rest = line[len(status) :].strip()
+        name = next((k for k in by_length if rest == k or rest.startswith(k + " - ")), None)
+        if name is not None:
+            statuses[name] = status
+        elif match:
+            statuses[match.group(2)] = status
     return statuses
 
 
@@ -123,7 +135,7 @@ def _grade(box: Sandbox, task: SWETask, patch: str, timeout: float, grade: Grade
     if run.timed_out:
         grade.outcome, grade.error = "timeout", f"the tests ran longer than {timeout:g} s"
         return
-    seen = parse_pytest_summary(grade.log)
+    seen = parse_pytest_summary(grade.log, task.tests)
     for names, bucket in ((task.fail_to_pass, grade.fail_to_pass), (task.pass_to_pass, grade.pass_to_pass)):
         for name in names:
             grade.tests[name] = status = seen.get(name, "MISSING")

@@ -43,7 +43,12 @@ def load_tasks(source: str | Path, *, split: str = "test", ids: Sequence[str] | 
 
 
 def _records_of_file(path: Path) -> Iterable[tuple[str, Any]]:
-    text = path.read_text(encoding="utf-8")
+    if path.suffix not in (".json", ".jsonl"):
+        raise ConfigError(f"{path}: give tasks as .json or .jsonl, or a dataset folder (parquet, arrow, save_to_disk)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text") from None
     if path.suffix == ".jsonl":
         for number, line in enumerate(text.splitlines(), 1):
             if line.strip():
@@ -68,10 +73,15 @@ def _json(text: str, where: str) -> Any:
 def _records_of_dataset_folder(path: Path, split: str) -> Iterable[tuple[str, Any]]:
     import datasets
 
-    if (path / "dataset_dict.json").is_file() or (path / "dataset_info.json").is_file():
-        data = datasets.load_from_disk(str(path))
-    else:  # a folder of data files (parquet, json, ...), as on the hub
-        data = datasets.load_dataset(str(path))
+    try:
+        if (path / "dataset_dict.json").is_file() or (path / "dataset_info.json").is_file():
+            data = datasets.load_from_disk(str(path))
+        else:  # a folder of data files (parquet, json, ...), as on the hub
+            data = datasets.load_dataset(str(path))
+    except Exception as exc:  # no data files, unreadable ones, ...: one line
+        raise ConfigError(
+            f"cannot load a dataset from {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
     if isinstance(data, datasets.DatasetDict):
         if split not in data:
             raise ConfigError(f"{path} has no split {split!r} (it has {', '.join(data)})")

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 DEFAULT_WORKDIR = "/testbed"
 DEFAULT_TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider --no-header -o addopts="
+COMMIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 
@@ -55,6 +56,13 @@ class SWETask(BaseModel):
     def _id(cls, value: str) -> str:
         if not INSTANCE_ID.match(value):
             raise ValueError(f"instance_id {value!r} must be letters, digits, '.', '_' or '-' (at most 200)")
+        return value
+
+    @field_validator("base_commit")
+    @classmethod
+    def _commit(cls, value: str) -> str:
+        if not COMMIT.match(value):
+            raise ValueError(f"base_commit {value!r} must be a commit id or ref (letters, digits, '._/-')")
         return value
 
     @field_validator("repo")

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 from orchard.agents import harness_factory
 from orchard.agents.loop import Limits, run_episode
 from orchard.agents.models import TransformersModel
-from orchard.errors import ConfigError
+from orchard.errors import ConfigError, OrchardError
 from orchard.tasks.grading import grade_patch
 from orchard.train import quiet
 from orchard.train.bar import BARConfig, Rollout, balanced_rollout
@@ -147,6 +147,22 @@ class SandboxRollouts:
             return list(pool.map(lambda _: self._rollout(task, policy), range(count)))
 
     def _rollout(self, task: SWETask, policy: TransformersModel) -> Rollout:
+        try:
+            return self._episode(task, policy)
+        except OrchardError as exc:  # a sandbox that would not start, a grading failure: not a crash
+            messages = [
+                {"role": "user", "content": SandboxRollouts.prompt_key(task)},
+                {"role": "assistant", "content": ""},
+            ]
+            payload = self._tokens(policy, [messages[0], messages[0], messages[1]], None)
+            return Rollout(
+                success=False,
+                reward=self.settings.failure_reward,
+                status="aborted",
+                payload=payload | {"error": str(exc)},
+            )
+
+    def _episode(self, task: SWETask, policy: TransformersModel) -> Rollout:
         image = self.images[task.instance_id]
         harness = harness_factory(self.rng.choice(self.settings.harnesses))()
         with self.client.create(image, memory="4Gi") as box:

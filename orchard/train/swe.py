@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from orchard.errors import ConfigError
 
@@ -85,6 +85,13 @@ class RLStage(_Strict):
     bf16: bool = False
     use_vllm: bool = False
     tasks: int | None = Field(default=None, description="train on the first N tasks only")
+
+    @model_validator(mode="after")
+    def _bar(self) -> RLStage:
+        from orchard.train.bar import BARConfig
+
+        BARConfig(self.group_size, self.max_rollouts, self.stride, self.rho_min, self.rho_max)  # ValueError: reported
+        return self
 
 
 class ValueStage(_Strict):

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from rich.text import Text
 from sqlmodel import col, func, select
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -22,6 +23,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static
 
+from orchard.errors import OrchardError
 from orchard.store import (
     ExecRecord,
     MetricRecord,
@@ -159,7 +161,7 @@ class RunScreen(Screen):
             lines.append(f"error: {run.error}")
         lines.append(headline(run))
         lines.append(f"config: {_one_line(run.config, 300)}")
-        self.query_one("#about", Static).update("\n".join(lines))
+        self.query_one("#about", Static).update(Text("\n".join(lines)))
         box = self.query_one("#metrics", VerticalScroll)
         for name, points in sorted(metrics_of(run.id, db_url=db_url).items()):
             values = [v for _, v in points]
@@ -236,7 +238,7 @@ class TrajectoryScreen(Screen):
         values = [s.value for s in steps if s.value is not None]
         if values:
             about.append("value after each step: " + " ".join(f"{v:.2f}" for v in values))
-        self.query_one("#about", Static).update("\n".join(about))
+        self.query_one("#about", Static).update(Text("\n".join(about)))
         self.query_one("#values", Sparkline).data = values or [0.0]
         table = self.query_one("#steps", DataTable)
         table.add_columns("#", "credit", "", "action", "observation")
@@ -247,13 +249,13 @@ class TrajectoryScreen(Screen):
             )
             rise = "▲" if s.credit is not None and s.credit >= 0.05 else ""
             credit = "-" if s.credit is None else f"{s.credit:+.2f}"
-            table.add_row(str(s.index), credit, rise, _one_line(action, 40), _one_line(s.observation, 40))
+            table.add_row(str(s.index), credit, rise, Text(_one_line(action, 40)), Text(_one_line(s.observation, 40)))
         tests = ""
         if result is not None:
             grade = json.loads(result.grade)
             tests = "\n".join(f"  {status:<8} {name}" for name, status in grade.get("tests", {}).items())
         patch = t.patch or "(empty patch)"
-        self.query_one("#patch", Static).update(f"final patch:\n{patch}\n\ntests:\n{tests or '  (not graded)'}")
+        self.query_one("#patch", Static).update(Text(f"final patch:\n{patch}\n\ntests:\n{tests or '  (not graded)'}"))
 
 
 def _action_text(action: dict[str, Any]) -> str:
@@ -331,7 +333,11 @@ class SandboxesScreen(Screen):
         if not table.row_count:
             return
         sandbox_id = str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
-        self.app.delete_sandbox(sandbox_id)  # type: ignore[attr-defined]
+        try:
+            self.app.delete_sandbox(sandbox_id)  # type: ignore[attr-defined]
+        except OrchardError as exc:
+            self.notify(f"could not delete {sandbox_id}: {exc}", severity="error")
+            return
         self.notify(f"deleted {sandbox_id}")
         self.reload()
 

@@ -64,3 +64,16 @@ def test_a_harness_from_a_file(tmp_path):
         harness_factory("vim")
     with pytest.raises(ConfigError, match="cannot load harness"):
         harness_factory(f"{path}:Missing")
+
+
+def test_fences_and_heredocs_survive_awkward_content():
+    bash = harness_factory("bash")()
+    command = "cat <<'EOF' > README.md\n```python\nprint(1)\n```\nEOF"
+    (action,) = bash.parse(bash.encode(Step("bash", command=command), 1))
+    assert action.arguments["command"] == command  # a longer fence holds the inner one
+    (written,) = bash.parse(bash.encode(Step("write", path="my file.py", content="x = 1"), 2))
+    assert written.arguments["command"] == "cat <<'ORCHARD_EOF' > 'my file.py'\nx = 1\nORCHARD_EOF"
+    with pytest.raises(FormatError, match="`workdir` must be a str"):
+        harness_factory("cli")().parse(
+            Reply(tool_calls=[ToolCall("c", "shell", json.dumps({"command": ["ls"], "workdir": 5}))])
+        )

@@ -108,3 +108,23 @@ def test_pytest_summary_and_diff_parsing():
     }
     diff = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\ndiff --git a/old.py b/new.py\n"
     assert touched_files(diff) == ["x.py", "old.py", "new.py"]
+
+
+def test_more_bad_sources_are_one_line(tmp_path: Path):
+    binary = tmp_path / "tasks.parquet"
+    binary.write_bytes(b"PAR1\x00\xff")
+    with pytest.raises(ConfigError, match=r"give tasks as \.json or \.jsonl"):
+        load_tasks(binary)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="cannot load a dataset from"):
+        load_tasks(tmp_path / "empty")
+    shell = tmp_path / "shell.jsonl"
+    shell.write_text(json.dumps(task(base_commit="abc; rm -rf /")))
+    with pytest.raises(ConfigError, match="base_commit 'abc; rm -rf /' must be a commit id"):
+        load_tasks(shell)
+
+
+def test_test_ids_with_spaces_are_found():
+    log = "PASSED tests/t.py::test_p[a b]\nFAILED tests/t.py::test_q[x - y] - assert 1 == 2\n"
+    known = ["tests/t.py::test_p[a b]", "tests/t.py::test_q[x - y]"]
+    assert parse_pytest_summary(log, known) == {known[0]: "PASSED", known[1]: "FAILED"}

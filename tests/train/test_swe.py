@@ -98,3 +98,10 @@ def test_config_mistakes_are_one_line(tmp_path):
     )
     missing = runner.invoke(app, ["train", "swe", "--config", str(tmp_path / "nope.yaml")])
     assert missing.exit_code == 1 and "no config file" in missing.stderr
+
+
+def test_an_impossible_bar_config_is_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntasks: t.jsonl\nwork_dir: /tmp/x\nrl: {group_size: 20}\n")
+    result = runner.invoke(app, ["train", "swe", "--config", str(bad)])
+    assert result.exit_code == 1 and "group_size <= max_rollouts" in result.stderr and result.stderr.count("\n") == 1

@@ -118,7 +118,7 @@ def filled_store(tmp_path) -> str:
                     index=index,
                     reply="thinking",
                     actions=json.dumps([{"name": "bash", "arguments": {"command": actions[index]}}]),
-                    observation=f"output of step {index}",
+                    observation=f"output of step {index}" if index else "[/bold] no markup here: r'[/\\]'",
                     value=values[index],
                     credit=credits[index],
                 )
