@@ -379,6 +379,41 @@ def eval_(
     ] = None,
 ) -> None:
     """Evaluate a model under harnesses (or grade predictions) on a task set; stored and reported."""
+    _evaluate(
+        "eval",
+        tasks,
+        model,
+        harness,
+        k,
+        predictions,
+        repos,
+        ids,
+        concurrency,
+        max_steps,
+        base_url,
+        report,
+        split,
+        rerank,
+    )
+
+
+def _evaluate(
+    kind: str,
+    tasks: str,
+    model: str | None,
+    harness: str,
+    k: int,
+    predictions: str | None,
+    repos: Path | None,
+    ids: str | None,
+    concurrency: int,
+    max_steps: int,
+    base_url: str | None,
+    report: Path | None,
+    split: str,
+    rerank: Path | None,
+) -> None:
+    """`orchard eval` and `orchard collect`: the same attempts, filed as runs of `kind`."""
     import hashlib
     import json
 
@@ -444,10 +479,11 @@ def eval_(
                     client=client,
                     mirror=mirror,
                     config=config,
-                    name=f"eval {Path(tasks).name} {name}",
+                    name=f"{kind} {Path(tasks).name} {name}",
                     concurrency=concurrency,
                     on_progress=progress,
                     report_ids=[t.instance_id for t in task_list],
+                    kind=kind,
                 )
             console.print(results_table(result.summary, f"run {result.run_id} - {name}"))
             if rerank is not None and predictions is None:
@@ -539,39 +575,9 @@ def collect(
     base_url: Annotated[str | None, typer.Option(envvar="OPENAI_BASE_URL", help="Server for openai:NAME.")] = None,
 ) -> None:
     """Roll a teacher over a task set; every trajectory is kept, graded, as a `collect` run."""
-    from orchard.agents import harness_factory
-    from orchard.agents.loop import Limits
-    from orchard.agents.models import model_from_spec
-    from orchard.env import Client
-    from orchard.eval.agent import agent_solver
-    from orchard.eval.console import EvalProgress, results_table
-    from orchard.eval.runner import evaluate
-    from orchard.tasks import load_tasks
-    from orchard.tasks.environments import RepoMirror
-
-    task_list = load_tasks(tasks)
-    harnesses = [h.strip() for h in harness.split(",") if h.strip()]
-    for each in harnesses:
-        harness_factory(each)
-    teacher = model_from_spec(model, base_url=base_url)
-    config = {"tasks": tasks, "teacher": model, "harnesses": harnesses, "k": k, "max_steps": max_steps}
-    with Client() as client, EvalProgress() as progress:
-        result = evaluate(
-            task_list,
-            harnesses,
-            k,
-            agent_solver(teacher, Limits(max_steps=max_steps)),
-            client=client,
-            mirror=RepoMirror(repos),
-            config=config,
-            name=f"collect {teacher.name}",
-            concurrency=concurrency,
-            on_progress=progress,
-            kind="collect",
-        )
-    from rich.console import Console
-
-    Console().print(results_table(result.summary, f"run {result.run_id} - collect {teacher.name}"))
+    _evaluate(
+        "collect", tasks, model, harness, k, None, repos, None, concurrency, max_steps, base_url, None, "test", None
+    )
 
 
 @command(model_app, "tiny")

@@ -48,6 +48,35 @@ def runsc(docker_client) -> str:
     return "runsc"
 
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "tasks"
+
+
+@pytest.fixture(scope="session")
+def example_repos(tmp_path_factory) -> Path:
+    """The example tasks' repositories (fixed commits), made once per test process."""
+    import subprocess
+    import sys
+
+    folder = tmp_path_factory.mktemp("example-repos")
+    subprocess.run([sys.executable, str(EXAMPLES / "make_repos.py"), str(folder)], check=True, capture_output=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def example_task(example_repos, base_image):
+    """`example_task(instance_id)`: that example task and its image (built offline once)."""
+    from orchard.tasks import load_tasks
+    from orchard.tasks.environments import RepoMirror, task_image
+
+    mirror = RepoMirror(example_repos)
+
+    def get(instance_id: str):
+        task = load_tasks(EXAMPLES / "tasks.jsonl", ids=[instance_id])[0]
+        return task, task_image(task, mirror)
+
+    return get
+
+
 @pytest.fixture(scope="session")
 def base_image(docker_client) -> str:
     """The offline-built Debian base image (python3, git, bash), built once if missing."""

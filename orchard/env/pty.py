@@ -16,13 +16,13 @@ import json
 import os
 import select
 import signal
-import socket
 import sys
 import threading
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from orchard.env.transport import _address, _Connection
 from orchard.errors import AgentError, InvalidRequest
 
 if TYPE_CHECKING:
@@ -134,6 +134,18 @@ def _upgrade_request(auth: str) -> bytes:
     ).encode("latin-1")
 
 
+def _upgrade_answer(status_line: bytes, header_lines: Iterator[bytes]) -> tuple[bytes, int | None]:
+    """The status line, and None when the agent switched protocols, else its body's length."""
+    length = 0
+    for line in header_lines:
+        if line in (b"\r\n", b"\n"):
+            break
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.strip().lower() == "content-length" and value.strip().isdigit():
+            length = int(value)
+    return status_line, None if status_line.split(b" ")[1:2] == [b"101"] else length
+
+
 def _refusal(status_line: bytes, body: bytes) -> AgentError:
     try:
         message = json.loads(body)["error"]
@@ -146,25 +158,15 @@ class AgentFrames:
     """Frames as JSON lines on an upgraded connection to an agent (blocking)."""
 
     def __init__(self, endpoint: AgentEndpoint, timeout: float = 10.0):
-        url = urllib.parse.urlsplit(endpoint.url)
+        host, port, auth = _address(endpoint)
         try:
-            if endpoint.uds:
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.settimeout(timeout)
-                self.sock.connect(endpoint.uds)
-            else:
-                self.sock = socket.create_connection((url.hostname or "agent", url.port or 80), timeout=timeout)
-                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.reader = self.sock.makefile("rb")
-            self.sock.sendall(_upgrade_request(f"Bearer {endpoint.token}"))
-            status_line, length = self.reader.readline(), 0
-            while (line := self.reader.readline()) not in (b"\r\n", b"\n", b""):
-                name, _, value = line.decode("latin-1").partition(":")
-                if name.strip().lower() == "content-length" and value.strip().isdigit():
-                    length = int(value)
+            connection = _Connection(endpoint, host, port, timeout)
+            self.sock, self.reader = connection.sock, connection.reader
+            self.sock.sendall(_upgrade_request(auth))
+            status_line, length = _upgrade_answer(self.reader.readline(), iter(self.reader.readline, b""))
         except OSError as exc:
             raise AgentError(f"no answer from the sandbox's agent: {exc}") from exc
-        if status_line.split(b" ")[1:2] != [b"101"]:
+        if length is not None:
             body = self.reader.read(length) if length else b""
             self.close()
             raise _refusal(status_line, body)
@@ -241,22 +243,20 @@ class ServiceFrames:
 
 async def open_agent_relay(endpoint: AgentEndpoint) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """An upgraded connection to an agent's `/pty`, for the service to relay frames over."""
-    url = urllib.parse.urlsplit(endpoint.url)
+    host, port, auth = _address(endpoint)
     try:
         if endpoint.uds:
             reader, writer = await asyncio.open_unix_connection(endpoint.uds, limit=MAX_FRAME)
         else:
-            reader, writer = await asyncio.open_connection(url.hostname, url.port or 80, limit=MAX_FRAME)
-        writer.write(_upgrade_request(f"Bearer {endpoint.token}"))
-        status_line = await reader.readline()
-        length = 0
+            reader, writer = await asyncio.open_connection(host, port, limit=MAX_FRAME)
+        writer.write(_upgrade_request(auth))
+        status_line, lines = await reader.readline(), []
         while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-            name, _, value = line.decode("latin-1").partition(":")
-            if name.strip().lower() == "content-length" and value.strip().isdigit():
-                length = int(value)
+            lines.append(line)
+        _status, length = _upgrade_answer(status_line, iter(lines))
     except OSError as exc:
         raise AgentError(f"no answer from the sandbox's agent: {exc}") from exc
-    if status_line.split(b" ")[1:2] != [b"101"]:
+    if length is not None:
         body = await reader.read(length) if length else b""
         writer.close()
         raise _refusal(status_line, body)

@@ -4,22 +4,17 @@ through `OrchardEnvironment`, graded by Orchard's grader: the environment layer 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from orchard.tasks import load_tasks
-from orchard.tasks.environments import RepoMirror, task_image
 from orchard.tasks.grading import grade_patch
 
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 pytestmark = pytest.mark.docker
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_mini_swe_agent_resolves_an_example_task_in_a_sandbox(client, base_image, tmp_path):
+def test_mini_swe_agent_resolves_an_example_task_in_a_sandbox(client, example_task):
     import yaml
     from minisweagent.agents.default import DefaultAgent
     from minisweagent.config import builtin_config_dir
@@ -27,11 +22,7 @@ def test_mini_swe_agent_resolves_an_example_task_in_a_sandbox(client, base_image
 
     from orchard.agents.minisweagent import OrchardEnvironment
 
-    subprocess.run(
-        [sys.executable, str(ROOT / "examples/tasks/make_repos.py"), str(tmp_path)], check=True, capture_output=True
-    )
-    task = load_tasks(ROOT / "examples/tasks/tasks.jsonl", ids=["orchard-examples__timecalc-1"])[0]
-    image = task_image(task, RepoMirror(tmp_path))
+    task, image = example_task("orchard-examples__timecalc-1")
     config = yaml.safe_load((builtin_config_dir / "benchmarks" / "swebench.yaml").read_text())
     patch = task.patch if task.patch.endswith("\n") else task.patch + "\n"
     model = DeterministicModel(

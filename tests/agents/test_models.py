@@ -17,10 +17,6 @@ from orchard.agents import harness_factory
 from orchard.agents.loop import Limits, run_episode
 from orchard.agents.models import ModelError, OpenAIModel, TransformersModel, model_from_spec
 from orchard.errors import ConfigError
-from orchard.tasks import load_tasks
-from orchard.tasks.environments import RepoMirror, task_image
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +27,8 @@ def tiny(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def example(tmp_path_factory, base_image):
-    folder = tmp_path_factory.mktemp("mirror")
-    subprocess.run(
-        [sys.executable, str(ROOT / "examples/tasks/make_repos.py"), str(folder)], check=True, capture_output=True
-    )
-    task = load_tasks(ROOT / "examples/tasks/tasks.jsonl", ids=["orchard-examples__textkit-2"])[0]
-    return task, task_image(task, RepoMirror(folder))
+def example(example_task):
+    return example_task("orchard-examples__textkit-2")
 
 
 def well_formed(episode) -> None:

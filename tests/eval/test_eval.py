@@ -22,12 +22,8 @@ TASKS = ROOT / "examples" / "tasks" / "tasks.jsonl"
 
 
 @pytest.fixture(scope="module")
-def mirror(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("mirror")
-    subprocess.run(
-        [sys.executable, str(ROOT / "examples/tasks/make_repos.py"), str(folder)], check=True, capture_output=True
-    )
-    return folder
+def mirror(example_repos) -> Path:
+    return example_repos
 
 
 def eval_(*args: str):

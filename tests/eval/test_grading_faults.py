@@ -2,33 +2,21 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from orchard.agents import harness_factory
 from orchard.agents.base import Reply
 from orchard.agents.loop import Limits, run_episode
 from orchard.agents.models import ModelError, ScriptedModel
-from orchard.tasks import load_tasks
-from orchard.tasks.environments import RepoMirror, task_image
 from orchard.tasks.grading import grade_in, grade_patch
 
 pytestmark = pytest.mark.docker
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def example(tmp_path_factory, base_image):
+def example(example_task):
     """An example task (one-line fix in textkit) and its image."""
-    folder = tmp_path_factory.mktemp("mirror")
-    subprocess.run(
-        [sys.executable, str(ROOT / "examples/tasks/make_repos.py"), str(folder)], check=True, capture_output=True
-    )
-    task = load_tasks(ROOT / "examples/tasks/tasks.jsonl", ids=["orchard-examples__textkit-1"])[0]
-    return task, task_image(task, RepoMirror(folder))
+    return example_task("orchard-examples__textkit-1")
 
 
 def test_broken_and_weakening_patches(client, example):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -47,26 +45,22 @@ class Judge:
 
 
 @pytest.mark.docker
-def test_replay_and_judge_on_a_scripted_trajectory(orchard_home, base_image, tmp_path, client):
+def test_replay_and_judge_on_a_scripted_trajectory(orchard_home, example_repos, example_task, client):
     from typer.testing import CliRunner
 
     from orchard.cli import app
     from orchard.tasks import load_tasks
-    from orchard.tasks.environments import RepoMirror, task_image
 
-    subprocess.run(
-        [sys.executable, str(ROOT / "examples/tasks/make_repos.py"), str(tmp_path)], check=True, capture_output=True
-    )
     tasks = ROOT / "examples/tasks/tasks.jsonl"
     ids = "orchard-examples__textkit-3"
     ran = CliRunner().invoke(
-        app, ["eval", "--tasks", str(tasks), "--ids", ids, "--model", "scripted:gold", "--repos", str(tmp_path)]
+        app, ["eval", "--tasks", str(tasks), "--ids", ids, "--model", "scripted:gold", "--repos", str(example_repos)]
     )
     assert ran.exit_code == 0, ran.output
     task = load_tasks(tasks, ids=[ids])[0]
     with session() as db:
         (trajectory,) = db.exec(select(TrajectoryRecord)).all()
-    assessed = assess(trajectory, task, ReplayEstimator(client, task_image(task, RepoMirror(tmp_path))))
+    assessed = assess(trajectory, task, ReplayEstimator(client, example_task(ids)[1]))
     # the scripted teacher looks around twice, applies the fix at step 2, checks, submits
     assert assessed.values == pytest.approx([0, 0, 0, 1, 1, 1])
     assert assessed.segments == [(2, 3)] and assessed.in_segment(2) and not assessed.in_segment(3)

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from orchard.agents.base import Reply
@@ -13,7 +9,6 @@ from orchard.train.bar import BARConfig
 from orchard.train.rl import RLSettings, train_rl
 
 pytestmark = pytest.mark.docker
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class Judge:
@@ -32,21 +27,13 @@ class Judge:
         return Reply(content=f"{[0.2, 0.9, 0.5, 0.1][self.calls % 4]}")
 
 
-def test_one_grpo_step_on_bar_groups_of_sandboxed_episodes(client, base_image, tmp_path):
+def test_one_grpo_step_on_bar_groups_of_sandboxed_episodes(client, example_task, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from orchard.tasks import load_tasks
-    from orchard.tasks.environments import RepoMirror, task_image
     from orchard.train.tiny import build_tiny_model
 
-    subprocess.run(
-        [sys.executable, str(ROOT / "examples/tasks/make_repos.py"), str(tmp_path / "repos")],
-        check=True,
-        capture_output=True,
-    )
-    task = load_tasks(ROOT / "examples/tasks/tasks.jsonl", ids=["orchard-examples__textkit-1"])[0]
-    image = task_image(task, RepoMirror(tmp_path / "repos"))
+    task, image = example_task("orchard-examples__textkit-1")
     base = build_tiny_model(tmp_path / "tiny")
     before = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(base).state_dict().items()}
     judge = Judge()

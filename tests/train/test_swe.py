@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,14 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
-def test_the_whole_recipe_then_a_rerun_that_skips_every_stage(orchard_home, base_image, tmp_path):
+def test_the_whole_recipe_then_a_rerun_that_skips_every_stage(orchard_home, base_image, example_repos, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    repos = tmp_path / "repos"
-    subprocess.run(
-        [sys.executable, str(ROOT / "examples/tasks/make_repos.py"), str(repos)], check=True, capture_output=True
-    )
+    repos = example_repos
     config = yaml.safe_load((ROOT / "examples/configs/swe-tiny.yaml").read_text())
     config.update(
         tasks=str(ROOT / "examples/tasks/tasks.jsonl"),
