@@ -534,7 +534,9 @@ def trajectories_import(
 def train_swe(
     config: Annotated[Path, typer.Option("--config", help="The recipe, e.g. examples/configs/swe-tiny.yaml.")],
 ) -> None:
-    """Collect -> credit assignment -> SFT -> RL (BAR) -> value model [-> eval], each a run in the store."""
+    """Collect -> credit assignment -> SFT -> RL (BAR) -> value model [-> eval], each a run in the store.
+
+    On several GPUs: accelerate launch --num_processes N -m orchard train swe --config FILE."""
     import warnings
 
     from transformers.utils import logging as hf_logging
@@ -545,7 +547,8 @@ def train_swe(
     hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)  # deprecations inside transformers and TRL
     summary = run_swe(load_config(config), log=lambda line: typer.echo(line, err=True))
-    typer.echo(f"policy: {summary['policy']}\nvalue model: {summary['value']['output_dir']}")
+    if summary["main_process"]:
+        typer.echo(f"policy: {summary['policy']}\nvalue model: {summary['value']['output_dir']}")
 
 
 @command(train_app, "value")

@@ -21,6 +21,7 @@ import os
 import re
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -185,7 +186,8 @@ _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
 class TransformersModel:
-    """A local causal LM folder, generating on this machine (greedy unless `temperature` > 0)."""
+    """A causal LM's chat template and tool-call format, generating on this machine (greedy unless
+    `temperature` > 0) or through `generate`, a remote generator such as a vLLM server."""
 
     def __init__(
         self,
@@ -196,9 +198,12 @@ class TransformersModel:
         model: Any = None,
         tokenizer: Any = None,
         name: str | None = None,
+        generate: Callable[[list[int]], list[int]] | None = None,
     ):
-        """From a folder (`path`), or from a loaded `model` and `tokenizer` (a policy being trained)."""
-        if model is None or tokenizer is None:
+        """From a folder (`path`); from a loaded `model` and `tokenizer` (a policy being trained); or
+        from a `tokenizer` and `generate`, which turns prompt token ids into completion token ids
+        elsewhere (a vLLM server that holds the policy's weights)."""
+        if tokenizer is None or (model is None and generate is None):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             folder = Path(path or "").expanduser()
@@ -210,34 +215,19 @@ class TransformersModel:
         self.name = name or "policy"
         self.tokenizer, self.model = tokenizer, model
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self._generate = generate or self._on_this_machine
         self._lock = threading.Lock()  # one generation at a time on this device
 
     def session(self, task: SWETask, harness: Harness) -> TransformersModel:
         return self
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> Reply:
-        import torch
-
-        device = next(self.model.parameters()).device
         prompt: Any = self.tokenizer.apply_chat_template(
-            _plain_messages(messages),
-            tools=cast(Any, tools or None),
-            add_generation_prompt=True,
-            return_tensors="pt",
-            return_dict=True,
+            _plain_messages(messages), tools=cast(Any, tools or None), add_generation_prompt=True, return_dict=True
         )
-        with self._lock, torch.no_grad():
-            sampling = (
-                {"do_sample": True, "temperature": self.temperature} if self.temperature > 0 else {"do_sample": False}
-            )
-            output = self.model.generate(
-                **{k: v.to(device) for k, v in prompt.items()},
-                max_new_tokens=self.max_new_tokens,
-                pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
-                **sampling,
-            )
-        prompt_length = prompt["input_ids"].shape[1]
-        text = str(self.tokenizer.decode(output[0][prompt_length:], skip_special_tokens=True))
+        prompt_ids = list(prompt["input_ids"])
+        completion = self._generate(prompt_ids)
+        text = str(self.tokenizer.decode(completion, skip_special_tokens=True))
         calls = []
         for index, raw in enumerate(_TOOL_CALL.findall(text)):
             try:
@@ -248,9 +238,26 @@ class TransformersModel:
         return Reply(
             content=_TOOL_CALL.sub("", text).strip() if calls else text,
             tool_calls=calls,
-            prompt_tokens=int(prompt_length),
-            completion_tokens=int(output.shape[1] - prompt_length),
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(completion),
         )
+
+    def _on_this_machine(self, prompt_ids: list[int]) -> list[int]:
+        import torch
+
+        device = next(self.model.parameters()).device
+        sampling = (
+            {"do_sample": True, "temperature": self.temperature} if self.temperature > 0 else {"do_sample": False}
+        )
+        with self._lock, torch.no_grad():
+            output = self.model.generate(
+                input_ids=torch.tensor([prompt_ids], device=device),
+                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=device),
+                max_new_tokens=self.max_new_tokens,
+                pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+                **sampling,
+            )
+        return [int(t) for t in output[0][len(prompt_ids) :]]
 
 
 def _plain_messages(messages: list[Message]) -> list[Message]:

@@ -17,6 +17,8 @@ equal), rollouts spent per group and rollouts saved against the budget.
 from __future__ import annotations
 
 import functools
+import importlib.util
+import itertools
 import random
 import re
 import statistics
@@ -26,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from orchard.agents import harness_factory
-from orchard.agents.loop import Limits, run_episode
-from orchard.agents.models import TransformersModel
+from orchard.agents.loop import Limits, record_verdict, run_episode, save_episode
+from orchard.agents.models import ModelError, TransformersModel
 from orchard.errors import ConfigError, OrchardError
 from orchard.tasks.grading import grade_patch
-from orchard.train import quiet
+from orchard.train import lora_config, quiet, save_trained
 from orchard.train.bar import BARConfig, Rollout, balanced_rollout
 from orchard.train.sft import assistant_spans
 
@@ -60,7 +62,12 @@ class RLSettings:
     beta: float = 0.0
     seed: int = 0
     bf16: bool = False
+    gradient_checkpointing: bool = False
+    lora: bool = False
+    lora_rank: int = 16
     use_vllm: bool = False
+    """Rollouts generate on a vLLM server (`trl vllm-serve --model PATH`) that TRL keeps in sync."""
+    vllm_server: str = "http://localhost:8000"
     parallel: int = 4
     """Rollouts of a stride run at once."""
 
@@ -72,6 +79,16 @@ class StepStats:
     informative: int = 0
     spent: int = 0
     saved: int = 0
+
+    @staticmethod
+    def merged(parts: Sequence[StepStats]) -> StepStats:
+        return StepStats(
+            rewards=[r for p in parts for r in p.rewards],
+            groups=sum(p.groups for p in parts),
+            informative=sum(p.informative for p in parts),
+            spent=sum(p.spent for p in parts),
+            saved=sum(p.saved for p in parts),
+        )
 
 
 class SandboxRollouts:
@@ -85,9 +102,15 @@ class SandboxRollouts:
         settings: RLSettings,
         judge: Model | None = None,
         on_step: Callable[[int, dict[str, float]], object] | None = None,
+        run_id: str | None = None,
+        db_url: str | None = None,
     ):
         self.client, self.images, self.settings, self.judge = client, images, settings, judge
         self.on_step = on_step
+        self.run_id, self.db_url = run_id, db_url
+        """With a run id, every rollout is stored as a graded trajectory of that run (for the value model)."""
+        self._samples = itertools.count()
+        self.vllm: VLLMServer | None = None
         self.by_prompt = {self.prompt_key(t): t for t in tasks}
         self.rng = random.Random(settings.seed)
         self.history: list[dict[str, float]] = []
@@ -107,6 +130,7 @@ class SandboxRollouts:
             temperature=self.settings.temperature,
             max_new_tokens=self.settings.max_new_tokens,
             name="policy",
+            generate=self._server(trainer) if self.settings.use_vllm else None,
         )
         out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "reward": []}
         stats = StepStats()
@@ -130,6 +154,10 @@ class SandboxRollouts:
                     out["reward"].append(rollout.reward)
         finally:
             model.train(was_training)
+        if trainer.accelerator.num_processes > 1:  # each process rolled out its own groups: sum them
+            from accelerate.utils import gather_object
+
+            stats = StepStats.merged(gather_object([stats]))
         metrics = {
             "bar/reward_mean": statistics.fmean(stats.rewards) if stats.rewards else 0.0,
             "bar/informative_share": stats.informative / max(1, stats.groups),
@@ -137,9 +165,16 @@ class SandboxRollouts:
             "bar/rollouts_saved": float(stats.saved),
         }
         self.history.append({k.removeprefix("bar/"): v for k, v in metrics.items()})
-        if self.on_step is not None:
+        if self.on_step is not None and trainer.accelerator.is_main_process:
             self.on_step(int(trainer.state.global_step), metrics)
         return out
+
+    def _server(self, trainer: Any) -> VLLMServer:
+        if self.vllm is None:
+            args = trainer.args
+            url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+            self.vllm = VLLMServer(url, self.settings.max_new_tokens, self.settings.temperature)
+        return self.vllm
 
     def _stride(self, task: SWETask, policy: TransformersModel, count: int) -> list[Rollout]:
         """`count` rollouts at once: sandboxes and grading overlap, generation takes turns on the device."""
@@ -174,7 +209,11 @@ class SandboxRollouts:
                 model_name=policy.name,
                 limits=Limits(max_steps=self.settings.episode_steps),
             )
-        resolved = bool(episode.patch.strip()) and grade_patch(self.client, task, episode.patch, image).resolved
+        grade = grade_patch(self.client, task, episode.patch, image)
+        resolved = grade.resolved
+        if self.run_id is not None:
+            save_episode(episode, run_id=self.run_id, sample=next(self._samples), db_url=self.db_url)
+            record_verdict(episode.trajectory_id, grade.outcome, resolved, db_url=self.db_url)
         reward = self.settings.success_reward if resolved else self.settings.failure_reward
         if self.judge is not None and self.settings.judge_weight:
             reward += self.settings.judge_weight * self._rubric(task, episode.messages)
@@ -221,6 +260,42 @@ class SandboxRollouts:
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": sampled, "env_mask": mask}
 
 
+class VLLMServer:
+    """Generation on the vLLM server that TRL keeps in step with the policy (`trl vllm-serve`;
+    `use_vllm`, `vllm_mode="server"`: TRL pushes the new weights before each batch of rollouts).
+
+    Token ids in, token ids out, through the server's OpenAI-compatible `/v1/completions`, so the
+    prompt is the policy's own chat template with tools, exactly as in-process generation renders
+    it. Each episode turn is one request; the server batches the turns of concurrent rollouts."""
+
+    def __init__(self, base_url: str, max_new_tokens: int, temperature: float, *, timeout: float = 600.0):
+        import httpx
+
+        self.url = base_url.rstrip("/").removesuffix("/v1")  # TRL's form; the OpenAI form works too
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        try:
+            self.model = str(self._http.get("/v1/models").raise_for_status().json()["data"][0]["id"])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+            raise ConfigError(f"no vLLM server at {self.url} ({exc}): start one with trl vllm-serve") from None
+
+    def __call__(self, prompt_ids: list[int]) -> list[int]:
+        import httpx
+
+        body = {
+            "model": self.model,
+            "prompt": [prompt_ids],
+            "max_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "return_token_ids": True,
+        }
+        try:
+            choice = self._http.post("/v1/completions", json=body).raise_for_status().json()["choices"][0]
+            return [int(t) for t in choice["token_ids"]]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ModelError(f"vLLM server {self.url}: {exc}") from None
+
+
 def reward_from_rollout(prompts: Any, completions: Any, reward: list[float], **_: Any) -> list[float]:
     """The reward BAR's rollouts were scored with, passed through by TRL from `rollout_func`."""
     return list(reward)
@@ -236,8 +311,11 @@ def train_rl(
     judge: Model | None = None,
     callbacks: list | None = None,
     on_step: Callable[[int, dict[str, float]], object] | None = None,
+    run_id: str | None = None,
+    db_url: str | None = None,
 ) -> dict[str, Any]:
-    """GRPO with BAR-assembled groups for `settings.max_steps` steps; the policy goes to `output_dir`."""
+    """GRPO with BAR-assembled groups for `settings.max_steps` steps; the policy goes to `output_dir`.
+    With `run_id`, every rollout is stored as a graded trajectory of that run."""
     import os
 
     import torch
@@ -247,8 +325,13 @@ def train_rl(
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     settings = settings or RLSettings()
+    if settings.use_vllm and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "rl.use_vllm needs vLLM next to TRL (a GPU machine): pip install vllm, then start "
+            "trl vllm-serve --model STUDENT before training"
+        )
     group = settings.bar.group_size
-    rollouts = SandboxRollouts(tasks, images, client, settings, judge, on_step)
+    rollouts = SandboxRollouts(tasks, images, client, settings, judge, on_step, run_id, db_url)
     dataset = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": SandboxRollouts.prompt_key(t)}]} for t in tasks]
     )
@@ -263,10 +346,15 @@ def train_rl(
         beta=settings.beta,
         seed=settings.seed,
         bf16=settings.bf16,
+        gradient_checkpointing=settings.gradient_checkpointing,
         use_vllm=settings.use_vllm,
+        vllm_mode="server",
+        vllm_server_base_url=settings.vllm_server if settings.use_vllm else None,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
+        log_level_replica="passive",
+        ddp_find_unused_parameters=False,
         use_cpu=not torch.cuda.is_available(),
     )
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -278,10 +366,10 @@ def train_rl(
         processing_class=tokenizer,
         rollout_func=rollouts,
         callbacks=callbacks,
+        peft_config=lora_config(settings.lora_rank) if settings.lora else None,
     )
     quiet(trainer).train()
-    trainer.save_model(output_dir)
-    tokenizer.save_pretrained(output_dir)
+    save_trained(trainer, output_dir)
     logged = [e for e in trainer.state.log_history if "loss" in e]
     return {
         "steps": trainer.state.global_step,

@@ -23,7 +23,7 @@ from sqlmodel import col, select
 
 from orchard.errors import ConfigError
 from orchard.store import StepRecord, TrajectoryRecord, session
-from orchard.train import quiet
+from orchard.train import lora_config, quiet, save_trained
 from orchard.train.credit import EPSILON
 
 IGNORE = -100
@@ -202,11 +202,7 @@ def train_sft(
     settings = settings or SFTSettings()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path)
-    peft_config = None
-    if settings.lora:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(r=settings.lora_rank, lora_alpha=2 * settings.lora_rank, task_type="CAUSAL_LM")
+    peft_config = lora_config(settings.lora_rank) if settings.lora else None
     extra: dict[str, Any] = {"gradient_checkpointing": True} if settings.gradient_checkpointing else {}
     args = SFTConfig(
         output_dir=str(output_dir),
@@ -221,6 +217,7 @@ def train_sft(
         logging_steps=1,
         save_strategy="no",
         report_to=[],
+        log_level_replica="passive",
         use_cpu=not torch.cuda.is_available(),
         dataset_kwargs={"skip_prepare_dataset": True},
         remove_unused_columns=False,
@@ -237,12 +234,12 @@ def train_sft(
     )
     started = time.monotonic()
     result = quiet(trainer).train()
-    trainer.save_model(str(output_dir))
-    tokenizer.save_pretrained(str(output_dir))
+    save_trained(trainer, output_dir)
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     return {
         "examples": len(examples),
         "steps": trainer.state.global_step,
+        "processes": trainer.accelerator.num_processes,
         "train_loss": result.training_loss,
         "losses": losses,
         "seconds": time.monotonic() - started,

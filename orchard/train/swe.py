@@ -17,14 +17,18 @@ pipeline continues where it stopped. Everything lands under `work_dir`.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from orchard.errors import ConfigError
+
+if TYPE_CHECKING:
+    from orchard.train.launch import Launch
 
 Log = Callable[[str], None]
 
@@ -64,7 +68,8 @@ class SFTStage(_Strict):
     max_length: int = 4096
     bf16: bool = False
     gradient_checkpointing: bool = False
-    lora: bool = False
+    lora: bool = Field(default=False, description="train LoRA adapters (peft), merged into the saved model")
+    lora_rank: int = Field(default=16, ge=1)
 
 
 class RLStage(_Strict):
@@ -83,7 +88,12 @@ class RLStage(_Strict):
     judge: str | None = None
     judge_weight: float = 0.0
     bf16: bool = False
-    use_vllm: bool = False
+    gradient_checkpointing: bool = False
+    lora: bool = False
+    lora_rank: int = Field(default=16, ge=1)
+    use_vllm: bool = Field(default=False, description="rollouts generate on a vLLM server: trl vllm-serve")
+    vllm_server: str = "http://localhost:8000"
+    parallel: int = Field(default=4, ge=1, description="rollouts of a stride at once")
     tasks: int | None = Field(default=None, description="train on the first N tasks only")
 
     @model_validator(mode="after")
@@ -141,47 +151,48 @@ def load_config(path: str | Path) -> SWEConfig:
 
 
 def run_swe(config: SWEConfig, *, log: Log = print, db_url: str | None = None) -> dict[str, Any]:
-    """Run (or continue) every stage; the summary of each."""
+    """Run (or continue) every stage; the summary of each. Under a multi-process launch, see `orchard.train.launch`."""
     from orchard.env import Client
     from orchard.tasks import load_tasks
     from orchard.tasks.environments import RepoMirror, task_image
+    from orchard.train.launch import Launch
 
+    launch = Launch()
+    log = launch.log(log)
     work = Path(config.work_dir).expanduser()
     work.mkdir(parents=True, exist_ok=True)
     tasks = load_tasks(config.tasks, ids=config.ids)
     mirror = RepoMirror(config.repos)
-    log(f"[setup] {len(tasks)} tasks; building their images")
-    images = {t.instance_id: task_image(t, mirror) for t in tasks}
-    student = _student(config, work, log)
+
+    def setup() -> tuple[dict[str, str], str]:
+        log(f"[setup] {len(tasks)} tasks; building their images")
+        return {t.instance_id: task_image(t, mirror) for t in tasks}, _student(config, work, log)
+
+    images, student = launch.once(setup)
     summary: dict[str, Any] = {"student": student}
+    stage = functools.partial(_stage, config, launch, db_url, log)
     with Client(db_url=db_url) as client:
-        collect_runs = _collect(config, tasks, mirror, client, log, db_url)
+        collect_runs = launch.once(lambda: _collect(config, tasks, mirror, client, log, db_url))
         summary["collect"] = collect_runs
-        summary["credit"] = _stage(
-            config, "credit", db_url, log, lambda _run: _credit(config, tasks, images, client, collect_runs, db_url)
+        summary["credit"] = stage(
+            "credit", lambda _run: _credit(config, tasks, images, client, collect_runs, db_url), everywhere=False
         )
-        summary["sft"] = _stage(
-            config, "sft", db_url, log, lambda run: _sft(config, student, work, collect_runs, run, db_url)
-        )
+        summary["sft"] = stage("sft", lambda run: _sft(config, student, work, collect_runs, run, db_url))
         policy = summary["sft"]["output_dir"]
         if config.rl.enabled:
-            summary["rl"] = _stage(
-                config, "rl", db_url, log, lambda run: _rl(config, policy, tasks, images, client, work, run, db_url)
-            )
+            summary["rl"] = stage("rl", lambda run: _rl(config, policy, tasks, images, client, work, run, db_url))
             policy = summary["rl"]["output_dir"]
-        summary["value"] = _stage(
-            config, "value", db_url, log, lambda run: _value(config, student, work, collect_runs, run, db_url)
-        )
+        graded = collect_runs + ([f"{config.name}-rl"] if config.rl.enabled else [])
+        summary["value"] = stage("value", lambda run: _value(config, student, work, graded, run, db_url))
         if config.eval.enabled:
             value_dir = summary["value"]["output_dir"]
-            summary["eval"] = _stage(
-                config,
+            summary["eval"] = stage(
                 "eval",
-                db_url,
-                log,
                 lambda _run: _eval(config, tasks, mirror, client, student, policy, value_dir, log, db_url),
+                everywhere=False,
             )
     summary["policy"] = policy
+    summary["main_process"] = launch.is_main
     return summary
 
 
@@ -206,28 +217,50 @@ def _student(config: SWEConfig, work: Path, log: Log) -> str:
 
 
 def _stage(
-    config: SWEConfig, stage: str, db_url: str | None, log: Log, body: Callable[[str], dict[str, Any]]
+    config: SWEConfig,
+    launch: Launch,
+    db_url: str | None,
+    log: Log,
+    stage: str,
+    body: Callable[[str], dict[str, Any]],
+    *,
+    everywhere: bool = True,
 ) -> dict[str, Any]:
-    """A training stage as a run: skipped when it finished before; failures are recorded."""
+    """A stage as a run: skipped when it finished before; failures are recorded. A training stage runs
+    `everywhere` (every process of a launch takes part); the others run on the main process only."""
     from orchard.store.runs import finish_run, get_run, start_run
 
     run_id = f"{config.name}-{stage}"
-    previous = get_run(run_id, db_url=db_url)
-    if previous is not None and previous.status == "finished":
-        log(f"[{stage}] done before (run {run_id}); skipping")
-        return json.loads(previous.summary)
-    start_run(run_id, stage, f"{config.name} {stage}", config.model_dump(), db_url=db_url)
-    log(f"[{stage}] running (run {run_id})")
-    try:
-        result = body(run_id)
-    except BaseException as exc:
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        finish_run(run_id, status, {}, error=str(exc) or type(exc).__name__, db_url=db_url)
-        raise
-    finish_run(run_id, "finished", result, db_url=db_url)
-    scalars = ", ".join(f"{k}={_short(v)}" for k, v in result.items() if not isinstance(v, list | dict))
-    log(f"[{stage}] {scalars or 'done'}")
-    return result
+
+    def begin() -> dict[str, Any] | None:
+        previous = get_run(run_id, db_url=db_url)
+        if previous is not None and previous.status == "finished":
+            log(f"[{stage}] done before (run {run_id}); skipping")
+            return json.loads(previous.summary)
+        start_run(run_id, stage, f"{config.name} {stage}", config.model_dump(), db_url=db_url)
+        log(f"[{stage}] running (run {run_id})")
+        return None
+
+    def recorded(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        try:
+            result = run()
+        except BaseException as exc:
+            if launch.is_main:
+                status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+                finish_run(run_id, status, {}, error=str(exc) or type(exc).__name__, db_url=db_url)
+            raise
+        if launch.is_main:
+            finish_run(run_id, "finished", result, db_url=db_url)
+            scalars = ", ".join(f"{k}={_short(v)}" for k, v in result.items() if not isinstance(v, list | dict))
+            log(f"[{stage}] {scalars or 'done'}")
+        return result
+
+    done = launch.once(begin)
+    if done is not None:
+        return done
+    if everywhere:
+        return recorded(lambda: body(run_id))
+    return launch.once(lambda: recorded(lambda: body(run_id)))
 
 
 def _short(value: Any) -> str:
@@ -337,6 +370,7 @@ def _sft(
         bf16=config.sft.bf16,
         gradient_checkpointing=config.sft.gradient_checkpointing,
         lora=config.sft.lora,
+        lora_rank=config.sft.lora_rank,
     )
     result = train_sft(student, examples, work / "sft", settings, callbacks=[StoreMetrics(run_id, db_url=db_url)])
     result["by_harness"] = dict(Counter(e.harness for e in examples))
@@ -371,7 +405,12 @@ def _rl(
         max_completion_length=rl.max_completion_length,
         judge_weight=rl.judge_weight,
         bf16=rl.bf16,
+        gradient_checkpointing=rl.gradient_checkpointing,
+        lora=rl.lora,
+        lora_rank=rl.lora_rank,
         use_vllm=rl.use_vllm,
+        vllm_server=rl.vllm_server,
+        parallel=rl.parallel,
     )
     judge = model_from_spec(rl.judge) if rl.judge else None
     chosen = list(tasks)[: rl.tasks] if rl.tasks else list(tasks)
@@ -385,6 +424,8 @@ def _rl(
         judge=judge,
         callbacks=[StoreMetrics(run_id, db_url=db_url)],
         on_step=lambda step, values: record_metrics(run_id, step, values, db_url=db_url),
+        run_id=run_id,
+        db_url=db_url,
     )
     history = result["bar"]
     if history:

@@ -10,11 +10,13 @@ from orchard.store.runs import record_metrics
 
 
 class StoreMetrics(TrainerCallback):
-    """Every logged number (loss, learning rate, reward, grad norm, ...) as a metric of `run_id`."""
+    """Every logged number (loss, learning rate, reward, grad norm, ...) as a metric of `run_id`.
+
+    Trainers log figures already reduced over processes; only the first process records them."""
 
     def __init__(self, run_id: str, *, db_url: str | None = None):
         self.run_id, self.db_url = run_id, db_url
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        if logs:
+        if logs and state.is_world_process_zero:
             record_metrics(self.run_id, int(state.global_step), logs, db_url=self.db_url)

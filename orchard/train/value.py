@@ -21,7 +21,7 @@ from sqlmodel import col, select
 
 from orchard.errors import ConfigError
 from orchard.store import TrajectoryRecord, session
-from orchard.train import quiet
+from orchard.train import quiet, save_trained
 
 
 def trajectory_text(tokenizer: Any, record: TrajectoryRecord) -> str:
@@ -102,6 +102,7 @@ def train_value(
         logging_steps=1,
         save_strategy="no",
         report_to=[],
+        log_level_replica="passive",
         use_cpu=not torch.cuda.is_available(),
     )
     trainer = Trainer(
@@ -109,12 +110,12 @@ def train_value(
         args=args,
         train_dataset=Dataset.from_list(rows),
         data_collator=DataCollatorWithPadding(tokenizer),
+        processing_class=tokenizer,
         callbacks=callbacks,
     )
     started = time.monotonic()
     result = quiet(trainer).train()
-    trainer.save_model(str(output_dir))
-    tokenizer.save_pretrained(str(output_dir))
+    save_trained(trainer, output_dir)
     return {
         "trajectories": len(rows),
         "resolved": sum(bool(t.resolved) for t in trajectories),

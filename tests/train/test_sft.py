@@ -84,6 +84,27 @@ def test_sft_trains_the_tiny_model_with_trl(tiny, tokenizer, tmp_path):
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
+def test_lora_bf16_and_gradient_checkpointing_save_a_merged_model(tiny, tokenizer, tmp_path):
+    """The GPU config's options, run on CPU: peft LoRA adapters on every linear layer, bf16 autocast
+    and gradient checkpointing; the adapters are merged so the folder loads as a plain model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    before = AutoModelForCausalLM.from_pretrained(tiny).state_dict()
+    built = token_labels(tokenizer, MESSAGES, TOOLS, trained_turns=None)
+    examples = [SFTExample("t", "tools", True, 3, built["input_ids"], built["labels"])] * 2
+    settings = SFTSettings(
+        max_steps=2, learning_rate=5e-2, max_length=1024, bf16=True, gradient_checkpointing=True, lora=True, lora_rank=4
+    )
+    result = train_sft(tiny, examples, tmp_path / "sft", settings)
+    assert result["steps"] == 2 and all(loss > 0 for loss in result["losses"])
+    assert not (tmp_path / "sft" / "adapter_config.json").exists()
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "sft").state_dict()
+    assert after.keys() == before.keys()  # no lora_A/lora_B left: merged
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.endswith("proj.weight") for k in changed)  # only the adapted linear layers moved
+
+
 def test_filters_leave_out_long_unparsable_and_undefined_tool_trajectories():
     import time
 

@@ -50,7 +50,7 @@ def test_the_whole_recipe_then_a_rerun_that_skips_every_stage(orchard_home, base
     rl = json.loads(runs["rl"].summary)
     assert rl["steps"] == 1 and rl["rollouts_per_group"] == 4 and rl["bar"][0]["rollouts_saved"] == 0
     value = json.loads(runs["value"].summary)
-    assert value["trajectories"] == 8 and value["resolved"] == 4
+    assert value["trajectories"] == 8 + 4 and value["resolved"] == 4  # collection and the RL rollouts
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "work" / "student-base").state_dict()
     tuned = AutoModelForCausalLM.from_pretrained(tmp_path / "work" / "sft").state_dict()
     assert any(not torch.equal(base[k], tuned[k]) for k in base)
@@ -82,6 +82,63 @@ def test_the_whole_recipe_then_a_rerun_that_skips_every_stage(orchard_home, base
     )  # fmt: skip
     assert reranked.exit_code == 0, reranked.output
     assert "rerank bash: one sample 100.0%, value-model pick 100.0%, oracle pass@2 100.0%" in reranked.stdout
+
+
+def test_a_two_process_launch_collects_once_and_trains_data_parallel(orchard_home, base_image, example_repos, tmp_path):
+    """`torchrun --nproc_per_node 2` on CPU (gloo), as a multi-GPU launch would run: sandbox work and
+    run records happen once, every process trains, and each rolls out its own BAR groups."""
+    import socket
+    import subprocess
+    import sys
+
+    from orchard.store import SandboxRecord, TrajectoryRecord
+    from orchard.store.runs import metrics_of
+
+    config = {
+        "name": "swe-ddp",
+        "tasks": str(ROOT / "examples/tasks/tasks.jsonl"),
+        "repos": str(example_repos),
+        "ids": ["orchard-examples__textkit-1", "orchard-examples__timecalc-2"],
+        "work_dir": str(tmp_path / "work"),
+        "collect": {"teachers": ["scripted:gold", "scripted:regress"], "harnesses": ["bash"]},
+        "sft": {"max_steps": 3, "learning_rate": 1e-3, "max_length": 2048},
+        "rl": {
+            "max_steps": 1, "group_size": 2, "max_rollouts": 2, "stride": 2, "harnesses": ["bash"],
+            "episode_steps": 2, "max_new_tokens": 8, "max_completion_length": 2048,
+        },
+        "value": {"max_steps": 2, "max_length": 1024},
+    }  # fmt: skip
+    path = tmp_path / "swe.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    done = subprocess.run(
+        [*torchrun, "-m", "orchard", "train", "swe", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("policy: ") == 1 and done.stderr.count("[sft] running") == 1  # one voice
+    with session() as db:
+        runs = {r.id: r for r in db.exec(select(RunRecord))}
+        trajectories = list(db.exec(select(TrajectoryRecord)))
+        sandboxes = list(db.exec(select(SandboxRecord)))
+    assert sorted(r.kind for r in runs.values()) == ["collect", "collect", "credit", "rl", "sft", "value"]
+    assert all(r.status == "finished" for r in runs.values())
+    collected = [t for t in trajectories if t.run_id != "swe-ddp-rl"]
+    assert len(collected) == 4  # two teachers x two tasks, collected by one process
+    sft = json.loads(runs["swe-ddp-sft"].summary)
+    assert sft["processes"] == 2 and sft["steps"] == 3
+    assert [step for step, _ in metrics_of("swe-ddp-sft")["loss"]] == [1, 2, 3]  # recorded once, not per process
+    bar = metrics_of("swe-ddp-rl")
+    assert bar["bar/rollouts_per_group"] == [(0, 2.0)]  # summed over both processes' groups
+    rolled = [t for t in trajectories if t.run_id == "swe-ddp-rl"]
+    assert len(rolled) == 4 and {t.instance_id for t in rolled} == set(config["ids"])  # a group per process
+    assert json.loads(runs["swe-ddp-value"].summary)["trajectories"] == 8
+    assert sandboxes and all(box.status == "deleted" for box in sandboxes)
 
 
 def test_config_mistakes_are_one_line(tmp_path):
