@@ -91,6 +91,25 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     assert counts == sorted(counts)
 
 
+OPENER = """
+import sys, time
+from orchard import store
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))  # all at the same moment
+store.get_engine(sys.argv[1])
+"""
+
+
+def test_processes_opening_a_new_store_together_all_get_its_tables(tmp_path):
+    """The processes of a multi-process launch open a store that does not exist yet: they create its
+    tables one at a time, instead of failing on a table another one has just made."""
+    url = f"sqlite:///{tmp_path}/new.db"
+    at = str(time.time() + 3)
+    openers = [subprocess.Popen([sys.executable, "-c", OPENER, url, at], stderr=subprocess.PIPE) for _ in range(6)]
+    assert [(o.wait(timeout=60), o.stderr.read()[-300:] if o.stderr else b"") for o in openers] == [(0, b"")] * 6
+    with store.session(url) as db:
+        assert db.exec(select(func.count()).select_from(store.RunRecord)).one() == 0
+
+
 def test_postgresql_store_via_orchard_db_url(postgres_url, monkeypatch):
     """ORCHARD_DB_URL with a PostgreSQL URL: the same tables, the same transactions, concurrent writers."""
     monkeypatch.setenv("ORCHARD_DB_URL", postgres_url)

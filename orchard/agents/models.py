@@ -200,18 +200,12 @@ class TransformersModel:
         name: str | None = None,
         generate: Callable[[list[int]], list[int]] | None = None,
     ):
-        """From a folder (`path`); from a loaded `model` and `tokenizer` (a policy being trained); or
-        from a `tokenizer` and `generate`, which turns prompt token ids into completion token ids
-        elsewhere (a vLLM server that holds the policy's weights)."""
+        """From a folder or hub id (`path`, on the GPU where there is one); from a loaded `model` and
+        `tokenizer` (a policy being trained); or from a `tokenizer` and `generate`, which turns prompt
+        token ids into completion token ids elsewhere (a vLLM server that holds the policy's weights)."""
         if tokenizer is None or (model is None and generate is None):
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
-            folder = Path(path or "").expanduser()
-            if not path or not folder.is_dir():
-                raise ConfigError(f"no model folder at {path} (hub ids need a network: download it first)")
-            tokenizer, model = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder)
-            model.eval()
-            name = name or f"hf:{folder.name}"
+            tokenizer, model = _load_causal_lm(path)
+            name = name or f"hf:{Path(path or '').name}"
         self.name = name or "policy"
         self.tokenizer, self.model = tokenizer, model
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
@@ -246,8 +240,11 @@ class TransformersModel:
         import torch
 
         device = next(self.model.parameters()).device
+        # plain temperature sampling: not the top-k/top-p defaults of transformers or the model's generation_config
         sampling = (
-            {"do_sample": True, "temperature": self.temperature} if self.temperature > 0 else {"do_sample": False}
+            {"do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0}
+            if self.temperature > 0
+            else {"do_sample": False}
         )
         with self._lock, torch.no_grad():
             output = self.model.generate(
@@ -258,6 +255,26 @@ class TransformersModel:
                 **sampling,
             )
         return [int(t) for t in output[0][len(prompt_ids) :]]
+
+
+def _load_causal_lm(path: str | None) -> tuple[Any, Any]:
+    """A tokenizer and causal LM from a folder or a hub id (the hub needs a network or the HF cache)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(path or "").expanduser()
+    hub_id = bool(path) and not folder.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", path or "") is not None
+    if not folder.is_dir() and not hub_id:
+        raise ConfigError(f"no model folder at {path}")
+    source = str(path) if hub_id else str(folder)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model: Any = AutoModelForCausalLM.from_pretrained(source, dtype="auto")
+    except OSError as exc:
+        raise ConfigError(f"cannot load model {path}: {str(exc).splitlines()[0]}") from None
+    if torch.cuda.is_available():
+        model.to("cuda")
+    return tokenizer, model.eval()
 
 
 def _plain_messages(messages: list[Message]) -> list[Message]:

@@ -7,12 +7,13 @@ transaction (`with session(...)`), so a crash never leaves a half-written row.
 
 from __future__ import annotations
 
+import fcntl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, create_engine
 
@@ -65,13 +66,21 @@ def get_engine(url: str | None = None) -> Engine:
 
 
 def _create(url: str) -> Engine:
+    """The engine, with the tables created; processes that start together take turns at that."""
     if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        path = Path(url.removeprefix("sqlite:///"))
+        path.parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _tune_sqlite)
-    else:
-        engine = create_engine(url, pool_pre_ping=True)
-    SQLModel.metadata.create_all(engine)
+        with open(path.with_name(path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            SQLModel.metadata.create_all(engine)
+        return engine
+    engine = create_engine(url, pool_pre_ping=True)
+    with engine.begin() as connection:
+        if engine.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(4674246)"))  # "ORCH"
+        SQLModel.metadata.create_all(connection)
     return engine
 
 

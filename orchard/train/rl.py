@@ -6,12 +6,16 @@ per rollout from `harnesses`, in a fresh sandbox of the task's image), graded by
 BAR (`orchard.train.bar`) decides how many to run and which `group_size` of them form the task's
 GRPO group. Each rollout is handed to TRL as prompt tokens (system + task, rendered with the
 harness's tools), completion tokens (every later turn: the policy's replies and the observations),
-`env_mask` (1 on the policy's own tokens only, so observations never carry loss) and the sampling
-log-probabilities. Rewards: +1 resolved, -1 otherwise (configurable), optionally plus
+`env_mask` (1 on the policy's own tokens only, so observations never carry loss) and the
+log-probabilities of the policy that generated it. These come from one forward pass of the
+trainer's model over the finished conversation, re-tokenized, also when a vLLM server generated
+it; so TRL's vLLM importance-sampling correction is off (its ratio would be 1). Rewards: +1 resolved, -1 otherwise (configurable), optionally plus
 `judge_weight` x a judge model's rubric score in [0, 1] (R + alpha J).
 
-Per training step it logs the mean reward, the share of informative groups (rewards not all
-equal), rollouts spent per group and rollouts saved against the budget.
+Per training step it logs the groups formed, the mean reward, the share of informative groups
+(rewards not all equal), rollouts spent per group and rollouts saved against the budget, summed
+over the processes of a multi-process launch. With a run id, rollouts are stored as graded
+trajectories of that run (not those a failure of ours aborted), so the value model learns from them.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import itertools
 import random
 import re
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -109,7 +113,8 @@ class SandboxRollouts:
         self.on_step = on_step
         self.run_id, self.db_url = run_id, db_url
         """With a run id, every rollout is stored as a graded trajectory of that run (for the value model)."""
-        self._samples = itertools.count()
+        self._samples: Iterator[int] = itertools.count()
+        self._numbered = False
         self.vllm: VLLMServer | None = None
         self.by_prompt = {self.prompt_key(t): t for t in tasks}
         self.rng = random.Random(settings.seed)
@@ -121,6 +126,9 @@ class SandboxRollouts:
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         tokenizer = trainer.processing_class
+        if not self._numbered:  # stored rollouts are numbered across processes: rank, rank + N, ...
+            accelerator, self._numbered = trainer.accelerator, True
+            self._samples = itertools.count(accelerator.process_index, accelerator.num_processes)
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
         model.eval()
@@ -159,6 +167,7 @@ class SandboxRollouts:
 
             stats = StepStats.merged(gather_object([stats]))
         metrics = {
+            "bar/groups": float(stats.groups),
             "bar/reward_mean": statistics.fmean(stats.rewards) if stats.rewards else 0.0,
             "bar/informative_share": stats.informative / max(1, stats.groups),
             "bar/rollouts_per_group": stats.spent / max(1, stats.groups),
@@ -211,7 +220,7 @@ class SandboxRollouts:
             )
         grade = grade_patch(self.client, task, episode.patch, image)
         resolved = grade.resolved
-        if self.run_id is not None:
+        if self.run_id is not None and episode.status != "aborted":  # a failure of ours says nothing of the policy
             save_episode(episode, run_id=self.run_id, sample=next(self._samples), db_url=self.db_url)
             record_verdict(episode.trajectory_id, grade.outcome, resolved, db_url=self.db_url)
         reward = self.settings.success_reward if resolved else self.settings.failure_reward
@@ -236,7 +245,7 @@ class SandboxRollouts:
         return min(1.0, max(0.0, float(match.group(1)))) if match else 0.0
 
     def _tokens(self, policy: TransformersModel, messages: list[dict[str, Any]], tools: Any) -> dict[str, list]:
-        """Prompt and completion token ids, the env mask and the sampling log-probabilities."""
+        """Prompt and completion token ids, the env mask and the policy's log-probabilities of the completion."""
         import torch
 
         tokenizer, model = policy.tokenizer, policy.model
@@ -277,6 +286,7 @@ class VLLMServer:
         try:
             self.model = str(self._http.get("/v1/models").raise_for_status().json()["data"][0]["id"])
         except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+            self.close()
             raise ConfigError(f"no vLLM server at {self.url} ({exc}): start one with trl vllm-serve") from None
 
     def __call__(self, prompt_ids: list[int]) -> list[int]:
@@ -287,6 +297,12 @@ class VLLMServer:
             "prompt": [prompt_ids],
             "max_tokens": self.max_new_tokens,
             "temperature": self.temperature,
+            # plain temperature sampling, as in-process; vLLM would otherwise take the model's
+            # generation_config defaults (top-k 20, top-p 0.95 for Qwen3)
+            "top_p": 1.0,
+            "top_k": 0,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
             "return_token_ids": True,
         }
         try:
@@ -294,6 +310,9 @@ class VLLMServer:
             return [int(t) for t in choice["token_ids"]]
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
             raise ModelError(f"vLLM server {self.url}: {exc}") from None
+
+    def close(self) -> None:
+        self._http.close()
 
 
 def reward_from_rollout(prompts: Any, completions: Any, reward: list[float], **_: Any) -> list[float]:
@@ -350,6 +369,7 @@ def train_rl(
         use_vllm=settings.use_vllm,
         vllm_mode="server",
         vllm_server_base_url=settings.vllm_server if settings.use_vllm else None,
+        vllm_importance_sampling_correction=False,  # the rollouts' log-probs are the policy's own, see _tokens
         logging_steps=1,
         save_strategy="no",
         report_to=[],
@@ -368,7 +388,11 @@ def train_rl(
         callbacks=callbacks,
         peft_config=lora_config(settings.lora_rank) if settings.lora else None,
     )
-    quiet(trainer).train()
+    try:
+        quiet(trainer).train()
+    finally:
+        if rollouts.vllm is not None:
+            rollouts.vllm.close()
     save_trained(trainer, output_dir)
     logged = [e for e in trainer.state.log_history if "loss" in e]
     return {

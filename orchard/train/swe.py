@@ -184,13 +184,17 @@ def run_swe(config: SWEConfig, *, log: Log = print, db_url: str | None = None) -
             policy = summary["rl"]["output_dir"]
         graded = collect_runs + ([f"{config.name}-rl"] if config.rl.enabled else [])
         summary["value"] = stage("value", lambda run: _value(config, student, work, graded, run, db_url))
-        if config.eval.enabled:
+        if config.eval.enabled and launch.is_main:  # the last stage: the other processes are done
             value_dir = summary["value"]["output_dir"]
-            summary["eval"] = stage(
+            summary["eval"] = _stage(
+                config,
+                Launch(processes=1),
+                db_url,
+                log,
                 "eval",
                 lambda _run: _eval(config, tasks, mirror, client, student, policy, value_dir, log, db_url),
-                everywhere=False,
             )
+    launch.close()
     summary["policy"] = policy
     summary["main_process"] = launch.is_main
     return summary
@@ -228,7 +232,7 @@ def _stage(
 ) -> dict[str, Any]:
     """A stage as a run: skipped when it finished before; failures are recorded. A training stage runs
     `everywhere` (every process of a launch takes part); the others run on the main process only."""
-    from orchard.store.runs import finish_run, get_run, start_run
+    from orchard.store.runs import delete_run, finish_run, get_run, start_run
 
     run_id = f"{config.name}-{stage}"
 
@@ -237,6 +241,8 @@ def _stage(
         if previous is not None and previous.status == "finished":
             log(f"[{stage}] done before (run {run_id}); skipping")
             return json.loads(previous.summary)
+        if previous is not None:  # an attempt that did not finish: its metrics and rollouts go with it
+            delete_run(run_id, db_url=db_url)
         start_run(run_id, stage, f"{config.name} {stage}", config.model_dump(), db_url=db_url)
         log(f"[{stage}] running (run {run_id})")
         return None

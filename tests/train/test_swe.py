@@ -84,13 +84,22 @@ def test_the_whole_recipe_then_a_rerun_that_skips_every_stage(orchard_home, base
     assert "rerank bash: one sample 100.0%, value-model pick 100.0%, oracle pass@2 100.0%" in reranked.stdout
 
 
-def test_a_two_process_launch_collects_once_and_trains_data_parallel(orchard_home, base_image, example_repos, tmp_path):
-    """`torchrun --nproc_per_node 2` on CPU (gloo), as a multi-GPU launch would run: sandbox work and
-    run records happen once, every process trains, and each rolls out its own BAR groups."""
-    import socket
+def two_processes(config: dict, tmp_path: Path):
+    """`orchard train swe` under `torchrun --nproc_per_node 2` (gloo on CPU), on a free port."""
     import subprocess
     import sys
 
+    path = tmp_path / "swe.yaml"
+    path.write_text(yaml.safe_dump(config))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    return subprocess.run(
+        [*torchrun, "-m", "orchard", "train", "swe", "--config", str(path)], capture_output=True, text=True, timeout=600
+    )
+
+
+def test_a_two_process_launch_collects_once_and_trains_data_parallel(orchard_home, base_image, example_repos, tmp_path):
+    """`torchrun --nproc_per_node 2` on CPU (gloo), as a multi-GPU launch would run: sandbox work and
+    run records happen once, every process trains, and each rolls out its own BAR groups."""
     from orchard.store import SandboxRecord, TrajectoryRecord
     from orchard.store.runs import metrics_of
 
@@ -108,19 +117,8 @@ def test_a_two_process_launch_collects_once_and_trains_data_parallel(orchard_hom
         },
         "value": {"max_steps": 2, "max_length": 1024},
     }  # fmt: skip
-    path = tmp_path / "swe.yaml"
-    path.write_text(yaml.safe_dump(config))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
-    done = subprocess.run(
-        [*torchrun, "-m", "orchard", "train", "swe", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = two_processes(config, tmp_path)
+    assert done.returncode == 0, "\n".join(line for line in done.stderr.splitlines() if "Error" in line)[-3000:]
     assert done.stdout.count("policy: ") == 1 and done.stderr.count("[sft] running") == 1  # one voice
     with session() as db:
         runs = {r.id: r for r in db.exec(select(RunRecord))}
@@ -134,11 +132,27 @@ def test_a_two_process_launch_collects_once_and_trains_data_parallel(orchard_hom
     assert sft["processes"] == 2 and sft["steps"] == 3
     assert [step for step, _ in metrics_of("swe-ddp-sft")["loss"]] == [1, 2, 3]  # recorded once, not per process
     bar = metrics_of("swe-ddp-rl")
-    assert bar["bar/rollouts_per_group"] == [(0, 2.0)]  # summed over both processes' groups
+    assert bar["bar/groups"] == [(0, 2.0)] and bar["bar/rollouts_per_group"] == [(0, 2.0)]  # both processes' groups
     rolled = [t for t in trajectories if t.run_id == "swe-ddp-rl"]
     assert len(rolled) == 4 and {t.instance_id for t in rolled} == set(config["ids"])  # a group per process
     assert json.loads(runs["swe-ddp-value"].summary)["trajectories"] == 8
     assert sandboxes and all(box.status == "deleted" for box in sandboxes)
+
+
+def test_a_failure_on_the_main_process_stops_every_process(orchard_home, base_image, example_repos, tmp_path):
+    """The others wait for the main process's collection; when it fails they stop too, instead of hanging."""
+    config = {
+        "name": "swe-ddp-bad",
+        "tasks": str(ROOT / "examples/tasks/tasks.jsonl"),
+        "repos": str(example_repos),
+        "ids": ["orchard-examples__textkit-1"],
+        "work_dir": str(tmp_path / "work"),
+        "collect": {"teachers": ["oracle:gold"]},
+    }
+    done = two_processes(config, tmp_path)
+    assert done.returncode != 0
+    assert done.stderr.count("error: unknown model 'oracle:gold'") == 1  # the main process says why
+    assert "error: stopped: the main process failed (ConfigError: unknown model 'oracle:gold'" in done.stderr
 
 
 def test_config_mistakes_are_one_line(tmp_path):
