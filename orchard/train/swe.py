@@ -252,8 +252,9 @@ def _stage(
             result = run()
         except BaseException as exc:
             if launch.is_main:
-                status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-                finish_run(run_id, status, {}, error=str(exc) or type(exc).__name__, db_url=db_url)
+                stopped = isinstance(exc, KeyboardInterrupt | SystemExit)  # Ctrl-C; SIGTERM (a launcher, kill)
+                error = "stopped by a signal" if stopped else str(exc) or type(exc).__name__
+                finish_run(run_id, "interrupted" if stopped else "failed", {}, error=error, db_url=db_url)
             raise
         if launch.is_main:
             finish_run(run_id, "finished", result, db_url=db_url)

@@ -155,6 +155,25 @@ def test_a_failure_on_the_main_process_stops_every_process(orchard_home, base_im
     assert "error: stopped: the main process failed (ConfigError: unknown model 'oracle:gold'" in done.stderr
 
 
+@pytest.mark.parametrize(("raised", "status"), [(SystemExit(143), "interrupted"), (ValueError("bad"), "failed")])
+def test_a_stage_stopped_by_a_signal_is_interrupted_and_a_crash_failed(orchard_home, raised, status):
+    """SIGTERM (a launcher stopping the processes, `kill`) arrives as SystemExit; an error is a failure."""
+    from orchard.store.runs import get_run
+    from orchard.train.launch import Launch
+    from orchard.train.swe import SWEConfig, _stage
+
+    config = SWEConfig(name="p", tasks="t.jsonl", work_dir=str(orchard_home / "w"))
+
+    def body(_run: str) -> dict:
+        raise raised
+
+    with pytest.raises(type(raised)):
+        _stage(config, Launch(processes=1), None, print, "sft", body)
+    run = get_run("p-sft")
+    assert run is not None and run.status == status
+    assert run.error == ("stopped by a signal" if status == "interrupted" else "bad")
+
+
 def test_config_mistakes_are_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ntasks: t.jsonl\nwork_dir: /tmp/x\nrl: {group_sise: 4}\n")
