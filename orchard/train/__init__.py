@@ -15,6 +15,21 @@ def quiet(trainer: Any) -> Any:
     return trainer
 
 
+def shared_args() -> dict[str, Any]:
+    """Training arguments every Orchard trainer takes: log each step (to the store through
+    `StoreMetrics`), save only at the end, report nowhere else, keep the log level of replicas
+    (a multi-process launch), and run on the CPU where there is no GPU."""
+    import torch
+
+    return {
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+        "log_level_replica": "passive",
+        "use_cpu": not torch.cuda.is_available(),
+    }
+
+
 def lora_config(rank: int, task_type: str = "CAUSAL_LM") -> Any:
     """LoRA on every linear layer of the model (peft, the `lora` extra)."""
     try:

@@ -36,7 +36,7 @@ from orchard.agents.loop import Limits, record_verdict, run_episode, save_episod
 from orchard.agents.models import ModelError, TransformersModel
 from orchard.errors import ConfigError, OrchardError
 from orchard.tasks.grading import grade_patch
-from orchard.train import lora_config, quiet, save_trained
+from orchard.train import lora_config, quiet, save_trained, shared_args
 from orchard.train.bar import BARConfig, Rollout, balanced_rollout
 from orchard.train.sft import assistant_spans
 
@@ -337,7 +337,6 @@ def train_rl(
     With `run_id`, every rollout is stored as a graded trajectory of that run."""
     import os
 
-    import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -370,12 +369,8 @@ def train_rl(
         vllm_mode="server",
         vllm_server_base_url=settings.vllm_server if settings.use_vllm else None,
         vllm_importance_sampling_correction=False,  # the rollouts' log-probs are the policy's own, see _tokens
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        log_level_replica="passive",
         ddp_find_unused_parameters=False,
-        use_cpu=not torch.cuda.is_available(),
+        **shared_args(),
     )
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     trainer = GRPOTrainer(

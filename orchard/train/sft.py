@@ -23,7 +23,7 @@ from sqlmodel import col, select
 
 from orchard.errors import ConfigError
 from orchard.store import StepRecord, TrajectoryRecord, session
-from orchard.train import lora_config, quiet, save_trained
+from orchard.train import lora_config, quiet, save_trained, shared_args
 from orchard.train.credit import EPSILON
 
 IGNORE = -100
@@ -192,7 +192,6 @@ def train_sft(
     callbacks: list | None = None,
 ) -> dict[str, Any]:
     """One TRL SFT run on pre-tokenized examples; the model is saved to `output_dir`."""
-    import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
@@ -214,11 +213,7 @@ def train_sft(
         max_length=settings.max_length,
         seed=settings.seed,
         bf16=settings.bf16,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        log_level_replica="passive",
-        use_cpu=not torch.cuda.is_available(),
+        **shared_args(),
         dataset_kwargs={"skip_prepare_dataset": True},
         remove_unused_columns=False,
         **extra,

@@ -21,7 +21,7 @@ from sqlmodel import col, select
 
 from orchard.errors import ConfigError
 from orchard.store import TrajectoryRecord, session
-from orchard.train import quiet, save_trained
+from orchard.train import quiet, save_trained, shared_args
 
 
 def trajectory_text(tokenizer: Any, record: TrajectoryRecord) -> str:
@@ -63,7 +63,6 @@ def train_value(
     callbacks: list | None = None,
 ) -> dict[str, Any]:
     """Fit a scalar head on `trajectories` (resolved: 1, not: 0); the model goes to `output_dir`."""
-    import torch
     from datasets import Dataset
     from transformers import (
         AutoModelForSequenceClassification,
@@ -99,11 +98,7 @@ def train_value(
         max_steps=settings.max_steps,
         per_device_train_batch_size=settings.batch_size,
         seed=settings.seed,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        log_level_replica="passive",
-        use_cpu=not torch.cuda.is_available(),
+        **shared_args(),
     )
     trainer = Trainer(
         model=model,
