@@ -202,7 +202,6 @@ def train_sft(
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path)
     peft_config = lora_config(settings.lora_rank) if settings.lora else None
-    extra: dict[str, Any] = {"gradient_checkpointing": True} if settings.gradient_checkpointing else {}
     args = SFTConfig(
         output_dir=str(output_dir),
         learning_rate=settings.learning_rate,
@@ -213,10 +212,10 @@ def train_sft(
         max_length=settings.max_length,
         seed=settings.seed,
         bf16=settings.bf16,
+        gradient_checkpointing=settings.gradient_checkpointing,  # TRL's default is on: always say which
         **shared_args(),
         dataset_kwargs={"skip_prepare_dataset": True},
         remove_unused_columns=False,
-        **extra,
     )
     dataset = Dataset.from_list([{"input_ids": e.input_ids, "labels": e.labels} for e in examples])
     trainer = SFTTrainer(
@@ -235,6 +234,7 @@ def train_sft(
         "examples": len(examples),
         "steps": trainer.state.global_step,
         "processes": trainer.accelerator.num_processes,
+        "gradient_checkpointing": trainer.args.gradient_checkpointing,
         "train_loss": result.training_loss,
         "losses": losses,
         "seconds": time.monotonic() - started,

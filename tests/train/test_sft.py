@@ -80,6 +80,7 @@ def test_sft_trains_the_tiny_model_with_trl(tiny, tokenizer, tmp_path):
     examples = [SFTExample("t", "tools", True, 3, built["input_ids"], built["labels"])] * 4
     result = train_sft(tiny, examples, tmp_path / "sft", SFTSettings(max_steps=3, learning_rate=1e-2, max_length=1024))
     assert result["steps"] == 3 and len(result["losses"]) == 3 and all(loss > 0 for loss in result["losses"])
+    assert result["gradient_checkpointing"] is False  # as asked, though TRL's default is on
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "sft").state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
@@ -97,7 +98,8 @@ def test_lora_bf16_and_gradient_checkpointing_save_a_merged_model(tiny, tokenize
         max_steps=2, learning_rate=5e-2, max_length=1024, bf16=True, gradient_checkpointing=True, lora=True, lora_rank=4
     )
     result = train_sft(tiny, examples, tmp_path / "sft", settings)
-    assert result["steps"] == 2 and all(loss > 0 for loss in result["losses"])
+    assert result["steps"] == 2 and result["gradient_checkpointing"] is True
+    assert all(loss > 0 for loss in result["losses"])
     assert not (tmp_path / "sft" / "adapter_config.json").exists()
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "sft").state_dict()
     assert after.keys() == before.keys()  # no lora_A/lora_B left: merged
