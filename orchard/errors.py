@@ -5,7 +5,8 @@
     ├── NotFound(LookupError)            an unknown sandbox, job, file or image
     │   └── ImageNotFound(SandboxError)  a sandbox's image is not in the engine
     ├── InvalidRequest(ValueError)       a request the agent or service refuses (bad path, bad cwd, ...)
-    │   └── Conflict                     the name is taken (a sandbox id already in use)
+    │   ├── Conflict                     the name is taken (a sandbox id already in use)
+    │   └── TooLarge                     what a sandbox holds or sent is over the host's limit
     ├── AuthError(PermissionError)       a missing or wrong token / API key
     ├── EngineUnavailable(ConnectionError)  the container engine or the service cannot be reached
     ├── SandboxError(RuntimeError)       a sandbox failed to start or died
@@ -35,6 +36,10 @@ class InvalidRequest(OrchardError, ValueError):
 
 class Conflict(InvalidRequest):
     """A name already in use, such as a sandbox id."""
+
+
+class TooLarge(InvalidRequest):
+    """A file, archive or answer from a sandbox is over the host's limit (the message names it)."""
 
 
 class AuthError(OrchardError, PermissionError):

@@ -13,7 +13,7 @@ import json
 import shlex
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from orchard.env.backends.base import check_sandbox_id
 from orchard.errors import (
@@ -22,9 +22,11 @@ from orchard.errors import (
     Conflict,
     InvalidRequest,
     NotFound,
+    OrchardError,
     Overloaded,
     SandboxError,
     SandboxNotReady,
+    TooLarge,
 )
 
 JOB_POLL_SECONDS = 60.0
@@ -112,11 +114,33 @@ class AsyncChannel(Protocol):
     async def aclose(self) -> None: ...
 
 
+ANSWER_LIMIT = 4 * 1024 * 1024
+"""Bytes the host reads of a small answer from an agent (JSON: health, listings, patch results)."""
+
+
 @dataclass(frozen=True)
 class Call:
     """One HTTP request and the function that turns its answer into a result.
 
     `parse` may return another `Call` to send next (a job not finished yet is polled that way).
+
+    An agent is hostile (it runs in the sandbox), so the agent channels (`AgentChannel`,
+    `AsyncAgentChannel`) bound what they read of its answer (the httpx channels honour `limit` and
+    `sink` too when a call sets either, reading the body chunk by chunk):
+
+    * `limit`: the most bytes of body the host accepts (None: `ANSWER_LIMIT`). An answer whose
+      Content-Length is over it is refused before a byte of its body is read: the channel closes
+      that connection and raises `TooLarge`, whose one-line message names the call, the size, the
+      limit and `advice` (how to get the data anyway).
+    * `sink`: a binary file the body of a successful answer (status < 400) is written into, in
+      chunks, instead of being held in memory; that answer's `content` is then empty. An error
+      answer is still read into `content` (under the same limit) for `raise_for_status`.
+
+    Status and header lines are bounded too (`transport.MAX_HEADER_LINE`, `transport.MAX_HEADERS`).
+    Every call of `AgentCalls` sets the limit that fits its route: `exec(max_output=...)` the JSON
+    line plus both streams at their cap (`exec_limit`), `read_file(max_bytes=READ_LIMIT)`,
+    `get_archive(sink, max_bytes=ARCHIVE_LIMIT)` (streamed into `sink`), the rest `ANSWER_LIMIT`.
+    A malformed answer (missing keys, wrong types, lengths that do not add up) is an `AgentError`.
     """
 
     method: str
@@ -126,6 +150,9 @@ class Call:
     json: Any = None
     content: bytes | None = None
     timeout: float | None = None
+    limit: int | None = None
+    sink: IO[bytes] | None = None
+    advice: str = ""
 
 
 def raise_for_status(response: Response) -> None:
@@ -166,12 +193,46 @@ def check_command(command: str | Sequence[str]) -> str | list[str]:
     raise InvalidRequest("command must be a string or a non-empty list of strings")
 
 
+_EXEC_FACTS: dict[str, Callable[[Any], bool]] = {
+    "exit_code": lambda v: v is None or _is_int(v),
+    "stdout_length": lambda v: _is_int(v) and v >= 0,
+    "stderr_length": lambda v: _is_int(v) and v >= 0,
+    "stdout_bytes": lambda v: _is_int(v) and v >= 0,
+    "stderr_bytes": lambda v: _is_int(v) and v >= 0,
+    "truncated": lambda v: isinstance(v, bool),
+    "timed_out": lambda v: isinstance(v, bool),
+    "duration": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "error": lambda v: v is None or isinstance(v, str),
+}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def split_exec_answer(body: bytes) -> tuple[dict[str, Any], bytes, bytes]:
-    """The agent's answer to a command: its JSON line of facts, then raw stdout and stderr."""
-    line_end = body.index(b"\n")
-    facts = json.loads(body[:line_end])
+    """The agent's answer to a command: its JSON line of facts, then raw stdout and stderr.
+
+    The agent is hostile: a line that is not the documented facts, or lengths that do not add up
+    to the body, raise `AgentError`.
+    """
+    line_end = body.find(b"\n", 0, EXEC_LINE_LIMIT)
+    try:
+        facts = json.loads(body[:line_end]) if line_end >= 0 else None
+    except ValueError:
+        facts = None
+    if not isinstance(facts, dict):
+        raise AgentError(f"the agent's answer to a command does not start with a JSON line of facts: {body[:80]!r}")
+    wrong = [name for name, valid in _EXEC_FACTS.items() if name not in facts or not valid(facts[name])]
+    if wrong:
+        raise AgentError(f"the agent's answer to a command has missing or invalid {', '.join(wrong)}")
     stdout_end = line_end + 1 + facts["stdout_length"]
-    return facts, body[line_end + 1 : stdout_end], body[stdout_end : stdout_end + facts["stderr_length"]]
+    if stdout_end + facts["stderr_length"] != len(body):
+        raise AgentError(
+            f"the agent's answer to a command claims {facts['stdout_length']} + {facts['stderr_length']}"
+            f" bytes of output but holds {len(body) - line_end - 1}"
+        )
+    return facts, body[line_end + 1 : stdout_end], body[stdout_end:]
 
 
 def command_text(command: str | Sequence[str]) -> str:
@@ -188,8 +249,26 @@ def _http_timeout(timeout: float | None) -> float | None:
     return None if timeout is None else timeout + 30.0
 
 
+EXEC_LINE_LIMIT = 64 * 1024
+"""Bytes of an exec answer besides the output itself (its JSON line, truncation and time-out marks)."""
+AGENT_MAX_OUTPUT = 8 * 1024 * 1024
+"""The agent's default cap on each output stream of a command (its DEFAULT_MAX_OUTPUT)."""
+READ_LIMIT = 64 * 1024 * 1024
+"""Default `max_bytes` of `read_file`: whole files are held in memory; larger ones go by `download`."""
+ARCHIVE_LIMIT = 1024 * 1024 * 1024
+"""Default `max_bytes` of `download`: the archive's size and the total size of its files."""
+
+
+def exec_limit(max_output: int | None) -> int:
+    """The most bytes an exec answer may hold: its JSON line and both streams at their cap."""
+    return EXEC_LINE_LIMIT + 2 * (AGENT_MAX_OUTPUT if max_output is None else max_output)
+
+
 class AgentCalls:
-    """Calls straight to a sandbox's exec agent (its own small protocol, see agent/server.py)."""
+    """Calls straight to a sandbox's exec agent (its own small protocol, see agent/server.py).
+
+    Each call bounds the answer it accepts (`Call.limit`): the agent is hostile.
+    """
 
     def exec(
         self,
@@ -201,9 +280,13 @@ class AgentCalls:
         login_shell: bool = False,
         stdin: bytes | None = None,
         session: str | None = None,
+        max_output: int | None = None,
     ) -> Call:
+        """A command; `max_output` caps each stream in the agent (None: its 8 MiB) and bounds the answer."""
         if session is not None:
-            return self._shell(command, session, timeout, cwd=cwd, env=env, login_shell=login_shell, stdin=stdin)
+            return self._shell(
+                command, session, timeout, max_output, cwd=cwd, env=env, login_shell=login_shell, stdin=stdin
+            )
         body = {
             "command": check_command(command),
             "cwd": cwd,
@@ -212,9 +295,13 @@ class AgentCalls:
             "login_shell": login_shell,
             "stdin": base64.b64encode(stdin).decode() if stdin is not None else None,
         }
-        return Call("POST", "/exec", self._exec_result, json=body, timeout=_http_timeout(timeout))
+        if max_output is not None:
+            body["max_output"] = max_output
+        return Call(
+            "POST", "/exec", self._exec_result, json=body, timeout=_http_timeout(timeout), limit=exec_limit(max_output)
+        )
 
-    def _shell(self, command, session: str, timeout: float | None, **unsupported: Any) -> Call:
+    def _shell(self, command, session: str, timeout: float | None, max_output: int | None, **unsupported: Any) -> Call:
         """A command in a persistent shell session (its cwd and variables carry over)."""
         given = [name for name, value in unsupported.items() if value]
         if given:
@@ -222,7 +309,11 @@ class AgentCalls:
                 f"{', '.join(given)} cannot be set per command in a shell session; use cd/export in it"
             )
         body = {"command": command_text(command), "session": session, "timeout": timeout}
-        return Call("POST", "/shell", self._exec_result, json=body, timeout=_http_timeout(timeout))
+        if max_output is not None:
+            body["max_output"] = max_output
+        return Call(
+            "POST", "/shell", self._exec_result, json=body, timeout=_http_timeout(timeout), limit=exec_limit(max_output)
+        )
 
     def close_session(self, session: str) -> Call:
         return Call("DELETE", "/shell", lambda r: r.json()["closed"], params={"session": session})
@@ -244,8 +335,16 @@ class AgentCalls:
             stderr_bytes=facts["stderr_bytes"],
         )
 
-    def read_file(self, path: str) -> Call:
-        return Call("GET", "/files", lambda r: r.content, params={"path": _path(path)})
+    def read_file(self, path: str, max_bytes: int = READ_LIMIT) -> Call:
+        """A whole file, in memory; over `max_bytes` it is refused with `TooLarge`."""
+        return Call(
+            "GET",
+            "/files",
+            lambda r: r.content,
+            params={"path": _path(path)},
+            limit=check_max_bytes(max_bytes),
+            advice="pass a larger max_bytes, or use download() to stream it to disk",
+        )
 
     def write_file(self, path: str, data: bytes, mode: int | None = None) -> Call:
         params = {"path": _path(path)}
@@ -256,8 +355,17 @@ class AgentCalls:
     def list_files(self, path: str) -> Call:
         return Call("GET", "/files/list", _listing, params={"path": _path(path)})
 
-    def get_archive(self, path: str) -> Call:
-        return Call("GET", "/archive", lambda r: r.content, params={"path": _path(path)})
+    def get_archive(self, path: str, sink: IO[bytes], max_bytes: int = ARCHIVE_LIMIT) -> Call:
+        """A tar of a file or folder, streamed into `sink`; over `max_bytes` it is refused with `TooLarge`."""
+        return Call(
+            "GET",
+            "/archive",
+            lambda r: None,
+            params={"path": _path(path)},
+            limit=check_max_bytes(max_bytes),
+            sink=sink,
+            advice="pass a larger max_bytes to download()",
+        )
 
     def put_archive(self, path: str, tar: bytes) -> Call:
         return Call("PUT", "/archive", lambda r: r.json(), params={"path": _path(path)}, content=tar)
@@ -329,12 +437,21 @@ class ServiceCalls:
     def close_session(self, session: str) -> Call:
         return Call("DELETE", f"{self.prefix}/shell", lambda r: r.json()["closed"], params={"session": session})
 
-    def read_file(self, path: str) -> Call:
+    def read_file(self, path: str, max_bytes: int = READ_LIMIT) -> Call:
+        def content(response: Response) -> bytes:
+            data = base64.b64decode(response.json()["content"])
+            if len(data) > max_bytes:
+                raise TooLarge(f"{path} is {len(data)} bytes, over max_bytes={max_bytes}; {advice}")
+            return data
+
+        advice = "pass a larger max_bytes, or use download() to stream it to disk"
         return Call(
             "GET",
             f"{self.prefix}/files",
-            lambda r: base64.b64decode(r.json()["content"]),
+            content,
             params={"path": _path(path)},
+            limit=_base64_size(check_max_bytes(max_bytes)) + EXEC_LINE_LIMIT,
+            advice=advice,
         )
 
     def write_file(self, path: str, data: bytes, mode: int | None = None) -> Call:
@@ -346,8 +463,16 @@ class ServiceCalls:
     def list_files(self, path: str) -> Call:
         return Call("GET", f"{self.prefix}/files/list", _listing, params={"path": _path(path)})
 
-    def get_archive(self, path: str) -> Call:
-        return Call("GET", f"{self.prefix}/archive", lambda r: r.content, params={"path": _path(path)})
+    def get_archive(self, path: str, sink: IO[bytes], max_bytes: int = ARCHIVE_LIMIT) -> Call:
+        return Call(
+            "GET",
+            f"{self.prefix}/archive",
+            lambda r: None,
+            params={"path": _path(path)},
+            limit=check_max_bytes(max_bytes),
+            sink=sink,
+            advice="pass a larger max_bytes to download()",
+        )
 
     def put_archive(self, path: str, tar: bytes) -> Call:
         return Call(
@@ -406,6 +531,16 @@ class ServiceSandboxes:
         return Call("POST", "/pools", lambda r: r.json(), json=body)
 
 
+def _base64_size(size: int) -> int:
+    return (size + 2) // 3 * 4
+
+
+def check_max_bytes(max_bytes: int) -> int:
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
+        raise InvalidRequest(f"max_bytes must be a non-negative number of bytes, not {max_bytes!r}")
+    return max_bytes
+
+
 def _path(path: str) -> str:
     if not isinstance(path, str) or not path.strip():
         raise InvalidRequest("path must be a non-empty string (relative paths are under /workspace)")
@@ -432,7 +567,7 @@ def send(channel: Channel, call: Call) -> Any:
     while True:
         answer = channel.request(call)
         raise_for_status(answer)
-        result = call.parse(answer)
+        result = parse(call, answer)
         if not isinstance(result, Call):
             return result
         call = result
@@ -443,7 +578,17 @@ async def asend(channel: AsyncChannel, call: Call) -> Any:
     while True:
         answer = await channel.request(call)
         raise_for_status(answer)
-        result = call.parse(answer)
+        result = parse(call, answer)
         if not isinstance(result, Call):
             return result
         call = result
+
+
+def parse(call: Call, answer: Response) -> Any:
+    """`call.parse(answer)`; an answer not of the documented shape (a hostile agent's) is an `AgentError`."""
+    try:
+        return call.parse(answer)
+    except OrchardError:
+        raise
+    except (LookupError, TypeError, ValueError, AttributeError) as exc:
+        raise AgentError(f"malformed answer to {call.method} {call.path}: {type(exc).__name__} {exc}"[:300]) from None

@@ -20,11 +20,9 @@ import atexit
 import io
 import json
 import math
-import os
 import signal
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 import weakref
@@ -35,9 +33,12 @@ from typing import Any
 import httpx
 
 from orchard.config import settings
+from orchard.env.archive import Download
 from orchard.env.backends import BackendConfig
 from orchard.env.backends.base import Network, SandboxSpec, parse_memory
 from orchard.env.calls import (
+    ARCHIVE_LIMIT,
+    READ_LIMIT,
     AgentCalls,
     Call,
     Channel,
@@ -53,7 +54,7 @@ from orchard.env.calls import (
 from orchard.env.manager import SandboxInfo, SandboxManager, agent_http, async_agent_http
 from orchard.env.pty import AgentFrames, Frames, ServiceFrames, Terminal, init_frame
 from orchard.env.transport import AsyncAgentChannel, AsyncHttpxChannel, HttpxChannel
-from orchard.errors import AgentError, ConfigError, InvalidRequest, SandboxError
+from orchard.errors import ConfigError, InvalidRequest, SandboxError
 
 __all__ = [
     "AsyncClient",
@@ -125,9 +126,12 @@ class Sandbox:
         """End a persistent shell session and what it started; False if there was none."""
         return self._send(self._calls.close_session(session))
 
-    def read_file(self, path: str) -> bytes:
-        """The bytes of a file (relative paths are under /workspace)."""
-        return self._send(self._calls.read_file(path))
+    def read_file(self, path: str, *, max_bytes: int = READ_LIMIT) -> bytes:
+        """The bytes of a file (relative paths are under /workspace).
+
+        It is held in memory, so one over `max_bytes` is refused (`TooLarge`); `download` streams.
+        """
+        return self._send(self._calls.read_file(path, max_bytes))
 
     def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> int:
         """Write a file, creating its folders; returns its size."""
@@ -145,9 +149,16 @@ class Sandbox:
         else:
             self.write_file(remote, local.read_bytes(), mode=local.stat().st_mode & 0o777)
 
-    def download(self, remote: str, local: str | Path) -> None:
-        """Copy a file or folder of the sandbox to `local` on this host."""
-        unpack(self._send(self._calls.get_archive(remote)), Path(local))
+    def download(self, remote: str, local: str | Path, *, max_bytes: int = ARCHIVE_LIMIT) -> list[str]:
+        """Copy a file or folder of the sandbox to `local` on this host (into it if it is a folder).
+
+        Only files and folders are written, only there (see `orchard.env.archive`); links are
+        skipped, with a warning, and their names returned. Past `max_bytes` (of the archive, and
+        of its files in all) it raises `TooLarge` and writes nothing.
+        """
+        with Download(Path(local)) as download:
+            self._send(self._calls.get_archive(remote, download.file, max_bytes))
+            return download.finish(max_bytes)
 
     def apply_patch(self, patch: str, *, timeout: float = 30.0) -> PatchResult:
         """`git apply` a unified diff in /workspace."""
@@ -423,9 +434,9 @@ class AsyncSandbox:
         """End a persistent shell session and what it started."""
         return await self._send(self._calls.close_session(session))
 
-    async def read_file(self, path: str) -> bytes:
-        """The bytes of a file."""
-        return await self._send(self._calls.read_file(path))
+    async def read_file(self, path: str, *, max_bytes: int = READ_LIMIT) -> bytes:
+        """The bytes of a file (see `Sandbox.read_file`)."""
+        return await self._send(self._calls.read_file(path, max_bytes))
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> int:
         """Write a file, creating its folders."""
@@ -443,10 +454,11 @@ class AsyncSandbox:
         else:
             await self.write_file(remote, local.read_bytes(), mode=local.stat().st_mode & 0o777)
 
-    async def download(self, remote: str, local: str | Path) -> None:
-        """Copy a file or folder out of the sandbox."""
-        tar = await self._send(self._calls.get_archive(remote))
-        await asyncio.to_thread(unpack, tar, Path(local))
+    async def download(self, remote: str, local: str | Path, *, max_bytes: int = ARCHIVE_LIMIT) -> list[str]:
+        """Copy a file or folder out of the sandbox (see `Sandbox.download`)."""
+        with Download(Path(local)) as download:
+            await self._send(self._calls.get_archive(remote, download.file, max_bytes))
+            return await asyncio.to_thread(download.finish, max_bytes)
 
     async def apply_patch(self, patch: str, *, timeout: float = 30.0) -> PatchResult:
         """`git apply` a unified diff in /workspace."""
@@ -733,22 +745,6 @@ def pack_folder(folder: Path) -> bytes:
         for child in sorted(folder.iterdir()):
             tar.add(child, arcname=child.name)
     return buffer.getvalue()
-
-
-def unpack(tar_bytes: bytes, local: Path) -> None:
-    """Extract a downloaded tar (one top member) to `local`, or into it when it is a folder (like cp)."""
-    local.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=local.parent, prefix=".orchard-download-") as staging:
-        with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
-            names = tar.getnames()
-            if not names:
-                raise AgentError("the sandbox sent an empty archive")
-            tar.extractall(staging, filter="data")
-        top = names[0].split("/")[0]
-        target = local / top if local.is_dir() else local
-        if target.is_dir():
-            raise InvalidRequest(f"{target} already exists; remove it or download elsewhere")
-        os.replace(Path(staging) / top, target)
 
 
 # -- cleanup at exit --------------------------------------------------------------------

@@ -4,7 +4,8 @@ A terminal speaks the JSON frames of `ORCHARD_ENV_API.md` (client: `init`, `stdi
 `resize`, `close`; server: `ready`, `stdout`, `exit`, `error`). Straight to an agent they travel
 one per line over an upgraded HTTP connection (`POST /pty`, `Upgrade: orchard-pty`); through the
 service, one per WebSocket message on `/sandboxes/{id}/exec/pty`. The service only relays them.
-`Terminal` hides which one is used; `attach_terminal` wires one to the user's terminal.
+`Terminal` hides which one is used; `attach_terminal` wires one to the user's terminal. Frames
+come from the sandbox, so each is bounded (`MAX_FRAME`) and checked (`parse_frame`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchard.env.transport import _address, _Connection
+from orchard.env.transport import MAX_HEADERS, _address, _Connection, open_agent_connection
 from orchard.errors import AgentError, InvalidRequest
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 
 UPGRADE = "orchard-pty"
 MAX_FRAME = 1024 * 1024
+"""Bytes of one frame from the sandbox (the agent sends at most 64 KiB); a longer one ends the terminal."""
+MAX_REFUSAL = 64 * 1024
+"""Bytes read of the agent's answer when it refuses the upgrade."""
 
 
 def init_frame(
@@ -135,15 +139,32 @@ def _upgrade_request(auth: str) -> bytes:
 
 
 def _upgrade_answer(status_line: bytes, header_lines: Iterator[bytes]) -> tuple[bytes, int | None]:
-    """The status line, and None when the agent switched protocols, else its body's length."""
+    """The status line, and None when the agent switched protocols, else its body's length (bounded)."""
     length = 0
-    for line in header_lines:
+    for count, line in enumerate(header_lines):
         if line in (b"\r\n", b"\n"):
             break
+        if count >= MAX_HEADERS:
+            raise AgentError(f"the agent answered the terminal with more than {MAX_HEADERS} header lines")
         name, _, value = line.decode("latin-1").partition(":")
         if name.strip().lower() == "content-length" and value.strip().isdigit():
-            length = int(value)
+            length = min(int(value), MAX_REFUSAL)
     return status_line, None if status_line.split(b" ")[1:2] == [b"101"] else length
+
+
+def parse_frame(data: bytes | str) -> dict[str, Any]:
+    """A frame from the sandbox, checked to be a JSON object with a string `type` (else AgentError)."""
+    if len(data) > MAX_FRAME:
+        raise AgentError(f"a terminal frame from the sandbox is over {MAX_FRAME} bytes")
+    try:
+        frame = json.loads(data)
+    except ValueError:
+        frame = None
+    if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+        raise AgentError(f"the sandbox sent a terminal frame that is not a JSON object with a type: {data[:80]!r}")
+    if frame["type"] == "stdout" and not isinstance(frame.get("data"), str):
+        raise AgentError("the sandbox sent a stdout frame without its base64 data")
+    return frame
 
 
 def _refusal(status_line: bytes, body: bytes) -> AgentError:
@@ -161,10 +182,18 @@ class AgentFrames:
         host, port, auth = _address(endpoint)
         try:
             connection = _Connection(endpoint, host, port, timeout)
-            self.sock, self.reader = connection.sock, connection.reader
-            self.sock.sendall(_upgrade_request(auth))
-            status_line, length = _upgrade_answer(self.reader.readline(), iter(self.reader.readline, b""))
+        except AgentError:
+            raise
         except OSError as exc:
+            raise AgentError(f"no answer from the sandbox's agent: {exc}") from exc
+        self.sock, self.reader = connection.sock, connection.reader
+        try:
+            self.sock.sendall(_upgrade_request(auth))
+            status_line, length = _upgrade_answer(connection.line(), iter(connection.line, b""))
+        except (OSError, ValueError) as exc:
+            self.close()
+            if isinstance(exc, AgentError):
+                raise
             raise AgentError(f"no answer from the sandbox's agent: {exc}") from exc
         if length is not None:
             body = self.reader.read(length) if length else b""
@@ -183,10 +212,10 @@ class AgentFrames:
 
     def recv(self) -> dict[str, Any] | None:
         try:
-            line = self.reader.readline(MAX_FRAME)
+            line = self.reader.readline(MAX_FRAME + 1)
         except OSError:
             return None
-        return json.loads(line) if line.strip() else None
+        return parse_frame(line) if line.strip() else None
 
     def close(self) -> None:
         self.reader.close()
@@ -233,7 +262,7 @@ class ServiceFrames:
         from websockets.exceptions import ConnectionClosed
 
         try:
-            return json.loads(self.ws.recv())
+            return parse_frame(self.ws.recv())
         except ConnectionClosed:
             return None
 
@@ -245,16 +274,16 @@ async def open_agent_relay(endpoint: AgentEndpoint) -> tuple[asyncio.StreamReade
     """An upgraded connection to an agent's `/pty`, for the service to relay frames over."""
     host, port, auth = _address(endpoint)
     try:
-        if endpoint.uds:
-            reader, writer = await asyncio.open_unix_connection(endpoint.uds, limit=MAX_FRAME)
-        else:
-            reader, writer = await asyncio.open_connection(host, port, limit=MAX_FRAME)
+        reader, writer = await open_agent_connection(endpoint, host, port, limit=MAX_FRAME)
         writer.write(_upgrade_request(auth))
-        status_line, lines = await reader.readline(), []
-        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+        status_line = await reader.readline()
+        lines: list[bytes] = []
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b"") and len(lines) <= MAX_HEADERS:
             lines.append(line)
         _status, length = _upgrade_answer(status_line, iter(lines))
-    except OSError as exc:
+    except AgentError:
+        raise
+    except (OSError, ValueError) as exc:
         raise AgentError(f"no answer from the sandbox's agent: {exc}") from exc
     if length is not None:
         body = await reader.read(length) if length else b""

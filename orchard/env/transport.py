@@ -13,6 +13,11 @@ Every channel answers `request(call)` with an object that has `status_code`, `he
 calls are never retried: a POST /exec that may have reached the agent must not run twice. Service
 calls are retried after a 503 (the service refused them before doing anything) and, for GET and
 DELETE only, after a connection failure.
+
+The agent runs in the sandbox, so it is hostile: what it answers is bounded (header lines and
+count, and the body by `Call.limit`, checked against Content-Length before the body is read), a
+large body can be streamed to a file (`Call.sink`), and its Unix socket is reached without
+following a link (`unix_socket_path`): a process in the sandbox can put anything in the run folder.
 """
 
 from __future__ import annotations
@@ -22,15 +27,19 @@ import contextlib
 import http
 import json
 import math
+import os
 import socket
+import stat
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from orchard.errors import AgentError
+from orchard.env.calls import ANSWER_LIMIT
+from orchard.errors import AgentError, TooLarge
 
 if TYPE_CHECKING:
     from orchard.env.backends.base import AgentEndpoint
@@ -83,6 +92,36 @@ def _request_bytes(call: Call, auth: str) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
+MAX_HEADER_LINE = 8192
+"""Bytes of the status line or of one header line of an agent's answer."""
+MAX_HEADERS = 64
+"""Header lines of an agent's answer (it sends about five)."""
+CHUNK = 1024 * 1024
+"""Bytes read at a time of a body streamed into a `Call.sink`."""
+
+
+def _limit(call: Call) -> int:
+    return ANSWER_LIMIT if call.limit is None else call.limit
+
+
+def _check_length(call: Call, length: int) -> None:
+    """Refuse, before reading it, a body over the call's limit (the caller closes the connection)."""
+    if length > _limit(call):
+        raise _too_large(call, f"{length} bytes")
+
+
+def _too_large(call: Call, size: str) -> TooLarge:
+    what = f"{call.method} {call.path}" + (f" {call.params['path']}" if call.params and "path" in call.params else "")
+    advice = f"; {call.advice}" if call.advice else ""
+    return TooLarge(f"the answer to {what} is {size}, over the host's limit of {_limit(call)} bytes{advice}")
+
+
+def _header_line(line: bytes) -> bytes:
+    if len(line) > MAX_HEADER_LINE:
+        raise ValueError(f"a header line of the answer is longer than {MAX_HEADER_LINE} bytes")
+    return line
+
+
 def _parse_head(status_line: bytes, header_lines: list[bytes]) -> tuple[int, dict[str, str], int]:
     """Status, headers and body length of an answer framed by Content-Length (else ValueError)."""
     if not status_line:
@@ -100,6 +139,42 @@ def _parse_head(status_line: bytes, header_lines: list[bytes]) -> tuple[int, dic
     return int(parts[1]), headers, int(length)
 
 
+@contextlib.contextmanager
+def unix_socket_path(path: str) -> Iterator[str]:
+    """A path to connect to that reaches the socket at `path` without following any link.
+
+    The run folder is visible to the sandbox, so its `agent.sock` may have been replaced by a link
+    to another socket of this host. The folder and the socket are opened without following links
+    (`O_PATH | O_NOFOLLOW`), checked to be a folder and a socket, and reached through the pinned
+    file (`/proc/self/fd/N`): nothing can be swapped between the check and the connect.
+    """
+    folder, name = os.path.split(path)
+    folder_fd = os.open(folder or ".", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+    finally:
+        os.close(folder_fd)
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise AgentError(f"{path} is not a socket (it was replaced from inside the sandbox?); not connecting")
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+def connect_unix(path: str, timeout: float | None) -> socket.socket:
+    """A socket connected to the agent's Unix socket at `path` (see `unix_socket_path`)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        with unix_socket_path(path) as pinned:
+            sock.connect(pinned)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def _address(endpoint: AgentEndpoint) -> tuple[str, int, str]:
     """Host and port (used when there is no socket path) and the Authorization value of an agent."""
     url = urllib.parse.urlsplit(endpoint.url)
@@ -111,26 +186,42 @@ class _Connection:
 
     def __init__(self, endpoint: AgentEndpoint, host: str, port: int, timeout: float | None):
         if endpoint.uds:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.settimeout(timeout)
-            self.sock.connect(endpoint.uds)
+            self.sock = connect_unix(endpoint.uds, timeout)
         else:
             self.sock = socket.create_connection((host, port), timeout=timeout)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.reader = self.sock.makefile("rb")
 
-    def exchange(self, message: bytes, timeout: float | None) -> Answer:
+    def exchange(self, message: bytes, call: Call, timeout: float | None) -> Answer:
         self.sock.settimeout(timeout)
         self.sock.sendall(message)
-        status_line = self.reader.readline()
+        status_line = self.line()
         header_lines = []
-        while (line := self.reader.readline()) not in (b"\r\n", b""):
+        while (line := self.line()) not in (b"\r\n", b""):
             header_lines.append(line)
+            if len(header_lines) > MAX_HEADERS:
+                raise ValueError(f"an answer with more than {MAX_HEADERS} header lines")
         status, headers, length = _parse_head(status_line, header_lines)
+        _check_length(call, length)
+        if call.sink is not None and status < 400:
+            self._copy(length, call.sink)
+            return Answer(status, headers, b"")
         content = self.reader.read(length)
         if len(content) < length:
             raise ConnectionResetError("the agent closed the connection mid-answer")
         return Answer(status, headers, content)
+
+    def line(self) -> bytes:
+        """One line of the answer's head, bounded."""
+        return _header_line(self.reader.readline(MAX_HEADER_LINE + 1))
+
+    def _copy(self, length: int, sink: Any) -> None:
+        while length:
+            chunk = self.reader.read(min(CHUNK, length))
+            if not chunk:
+                raise ConnectionResetError("the agent closed the connection mid-answer")
+            sink.write(chunk)
+            length -= len(chunk)
 
     def close(self) -> None:
         self.reader.close()
@@ -155,7 +246,11 @@ class AgentChannel:
         try:
             if connection is None:
                 connection = _Connection(self.endpoint, self._host, self._port, timeout)
-            answer = connection.exchange(message, timeout)
+            answer = connection.exchange(message, call, timeout)
+        except (TooLarge, AgentError):
+            if connection is not None:
+                connection.close()
+            raise
         except (OSError, ValueError) as exc:
             if connection is not None:
                 connection.close()
@@ -202,10 +297,12 @@ class AsyncAgentChannel:
                 reader, writer = self._idle.pop() if self._idle else await self._connect()
                 try:
                     writer.write(message)
-                    status, headers, content = await _read_answer(reader)
+                    status, headers, content = await _read_answer(reader, call)
                 except BaseException:
                     writer.close()
                     raise
+        except (TooLarge, AgentError):
+            raise
         except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
             raise AgentError(f"no answer from the sandbox's agent: {type(exc).__name__} {exc}".rstrip()) from exc
         if self._closed or headers.get("connection", "").lower() == "close":
@@ -215,9 +312,7 @@ class AsyncAgentChannel:
         return Answer(status, headers, content)
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if self.endpoint.uds:
-            return await asyncio.open_unix_connection(self.endpoint.uds)
-        return await asyncio.open_connection(self._host, self._port)
+        return await open_agent_connection(self.endpoint, self._host, self._port)
 
     async def aclose(self) -> None:
         self._closed = True
@@ -226,13 +321,44 @@ class AsyncAgentChannel:
             writer.close()
 
 
-async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
-    status_line = await reader.readline()
+async def open_agent_connection(
+    endpoint: AgentEndpoint, host: str, port: int, limit: int = 2**16
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """An asyncio connection to an agent: its Unix socket (never through a link), else host:port.
+
+    `limit` bounds a line read with `readline` (asyncio's default, 64 KiB, unless told).
+    """
+    if not endpoint.uds:
+        return await asyncio.open_connection(host, port, limit=limit)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        with unix_socket_path(endpoint.uds) as pinned:
+            await asyncio.get_running_loop().sock_connect(sock, pinned)
+        return await asyncio.open_unix_connection(sock=sock, limit=limit)
+    except BaseException:
+        sock.close()
+        raise
+
+
+async def _read_answer(reader: asyncio.StreamReader, call: Call) -> tuple[int, dict[str, str], bytes]:
+    status_line = _header_line(await reader.readline())
     header_lines = []
-    while (line := await reader.readline()) not in (b"\r\n", b""):
+    while (line := _header_line(await reader.readline())) not in (b"\r\n", b""):
         header_lines.append(line)
+        if len(header_lines) > MAX_HEADERS:
+            raise ValueError(f"an answer with more than {MAX_HEADERS} header lines")
     status, headers, length = _parse_head(status_line, header_lines)
-    return status, headers, await reader.readexactly(length)
+    _check_length(call, length)
+    if call.sink is None or status >= 400:
+        return status, headers, await reader.readexactly(length)
+    while length:
+        chunk = await reader.read(min(CHUNK, length))
+        if not chunk:
+            raise asyncio.IncompleteReadError(b"", length)
+        call.sink.write(chunk)
+        length -= len(chunk)
+    return status, headers, b""
 
 
 class HttpxChannel:
@@ -241,11 +367,11 @@ class HttpxChannel:
     def __init__(self, client: httpx.Client):
         self.client = client
 
-    def request(self, call: Call) -> httpx.Response:
+    def request(self, call: Call) -> httpx.Response | Answer:
         retry = _Retry(call, str(self.client.base_url))
         while True:
             try:
-                response = self.client.request(call.method, call.path, **_httpx_options(call))
+                response = self._send(call)
             except httpx.TransportError as exc:
                 time.sleep(retry.after_failure(exc))
             else:
@@ -253,6 +379,15 @@ class HttpxChannel:
                 if pause is None:
                     return response
                 time.sleep(pause)
+
+    def _send(self, call: Call) -> httpx.Response | Answer:
+        if call.limit is None and call.sink is None:
+            return self.client.request(call.method, call.path, **_httpx_options(call))
+        with self.client.stream(call.method, call.path, **_httpx_options(call)) as response:
+            body = _Body(call, response)
+            for chunk in response.iter_bytes(CHUNK):
+                body.add(chunk)
+        return body.answer()
 
     def close(self) -> None:
         self.client.close()
@@ -264,11 +399,11 @@ class AsyncHttpxChannel:
     def __init__(self, client: httpx.AsyncClient):
         self.client = client
 
-    async def request(self, call: Call) -> httpx.Response:
+    async def request(self, call: Call) -> httpx.Response | Answer:
         retry = _Retry(call, str(self.client.base_url))
         while True:
             try:
-                response = await self.client.request(call.method, call.path, **_httpx_options(call))
+                response = await self._send(call)
             except httpx.TransportError as exc:
                 await asyncio.sleep(retry.after_failure(exc))
             else:
@@ -277,8 +412,41 @@ class AsyncHttpxChannel:
                     return response
                 await asyncio.sleep(pause)
 
+    async def _send(self, call: Call) -> httpx.Response | Answer:
+        if call.limit is None and call.sink is None:
+            return await self.client.request(call.method, call.path, **_httpx_options(call))
+        async with self.client.stream(call.method, call.path, **_httpx_options(call)) as response:
+            body = _Body(call, response)
+            async for chunk in response.aiter_bytes(CHUNK):
+                body.add(chunk)
+        return body.answer()
+
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+class _Body:
+    """A service's answer to a call with a limit or a sink, read chunk by chunk (see `Call`)."""
+
+    def __init__(self, call: Call, response: httpx.Response):
+        self.call, self.response = call, response
+        length = response.headers.get("content-length", "")
+        if length.isdigit():
+            _check_length(call, int(length))
+        self.sink = call.sink if response.status_code < 400 else None
+        self.size, self.chunks = 0, bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > _limit(self.call):
+            raise _too_large(self.call, f"at least {self.size} bytes")
+        if self.sink is not None:
+            self.sink.write(chunk)
+        else:
+            self.chunks += chunk
+
+    def answer(self) -> Answer:
+        return Answer(self.response.status_code, dict(self.response.headers), bytes(self.chunks))
 
 
 RETRY_SECONDS = 120.0
@@ -304,7 +472,7 @@ class _Retry:
         self.attempt += 1
         return _backoff(self.attempt - 1)
 
-    def after_answer(self, response: httpx.Response) -> float | None:
+    def after_answer(self, response: httpx.Response | Answer) -> float | None:
         """The pause before the next try after an answer, or None to keep this answer."""
         if response.status_code != 503:
             return None
@@ -319,7 +487,7 @@ def _backoff(attempt: int) -> float:
     return min(0.1 * 2**attempt, 5.0)
 
 
-def _retry_after(response: httpx.Response, attempt: int) -> float:
+def _retry_after(response: httpx.Response | Answer, attempt: int) -> float:
     try:
         seconds = float(response.headers.get("retry-after", ""))
     except ValueError:
