@@ -141,8 +141,9 @@ def start_floor(box, sandbox_id: str) -> UnixHTTPConnection:
     """Start the floor server in the sandbox, under the image's own Python (the agent's bundle
     carries only the modules the agent imports, and the floor needs http.server)."""
     box.write_file("/tmp/floor.py", FLOOR_SERVER)
-    box.exec(f"nohup python3 -s -S /tmp/floor.py {RUN_MOUNT}/floor.sock >/tmp/floor.log 2>&1 &")
     host_socket = settings().run_dir / sandbox_id / "floor.sock"
+    host_socket.parent.chmod(0o777)  # sealed once the agent answered; the bench, as the host, opens it
+    box.exec(f"nohup python3 -s -S /tmp/floor.py {RUN_MOUNT}/floor.sock >/tmp/floor.log 2>&1 &")
     for _ in range(500):
         if host_socket.exists():
             break

@@ -21,6 +21,10 @@ drop `PYTHONHOME` (and the other `PYTHON*` variables) from its children's enviro
 What is carried (layout):
 
 * `bin/python3`: the host interpreter binary (the file `sys.executable` resolves to);
+* `bin/orchard-subreaper` (x86-64 hosts): a 61-byte static program, `prctl(PR_SET_CHILD_SUBREAPER)`
+  then `execve(argv[1], argv + 1)`, that the agent puts in front of every command, so that what a
+  command starts stays in its process tree even after `setsid` and a double fork (see
+  `SUBREAPER_X86_64`);
 * `lib/`: every shared library that binary and the carried extension modules need, found with
   `ldd` (libpython, libc, libm, libssl, ...), plus the dynamic linker and `libgcc_s` (glibc
   loads it to unwind a thread at exit); real files under their soname, no symlinks, debug
@@ -56,6 +60,7 @@ import importlib.util
 import json
 import marshal
 import os
+import platform
 import re
 import shutil
 import struct
@@ -72,7 +77,7 @@ from pathlib import Path
 from orchard.config import settings
 from orchard.errors import ConfigError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bump when the layout or the build changes, so older cached bundles are not reused."""
 DEFAULT_AGENT = Path(__file__).resolve().parent / "agent" / "server.py"
 DEFAULT_MOUNT = "/.orchard"
@@ -83,6 +88,25 @@ LAZY_MODULES = ["encodings.ascii", "encodings.latin_1", "encodings.utf_8", "fcnt
 """Imported only when needed by code paths an agent hits: the common codecs, `tarfile.open`
 with "r:*" (gzip), `socketserver`'s error handler (traceback), the terminal of ``/pty`` (fcntl,
 termios). Bundled with their closure."""
+SUBREAPER_X86_64 = bytes.fromhex(
+    "bf24000000"  # mov edi, 36: PR_SET_CHILD_SUBREAPER
+    "be01000000"  # mov esi, 1
+    "31d2"  # xor edx, edx
+    "4531d2"  # xor r10d, r10d
+    "4531c0"  # xor r8d, r8d
+    "b89d000000"  # mov eax, 157: prctl
+    "0f05"  # syscall
+    "488b1424"  # mov rdx, [rsp]: argc
+    "488d742410"  # lea rsi, [rsp + 16]: argv + 1
+    "488b3e"  # mov rdi, [rsi]: argv[1]
+    "488d54d410"  # lea rdx, [rsp + 8 * rdx + 16]: envp
+    "b83b000000"  # mov eax, 59: execve
+    "0f05"  # syscall
+    "bf7f000000"  # mov edi, 127: execve failed, exit 127 as a shell would
+    "b8e7000000"  # mov eax, 231: exit_group
+    "0f05"  # syscall
+)
+"""Machine code of `bin/orchard-subreaper` (GNU as, Intel syntax, of the listing on the right)."""
 STALE_BUILD_S = 3600
 """A temporary build folder older than this is a crashed builder's leftover, safe to remove."""
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
@@ -238,6 +262,9 @@ def _assemble(dest: Path, interpreter: Path, agent: Path) -> None:
         folder.mkdir(parents=True)
     _copy(interpreter, dest / "bin" / "python3", executable=True)
     _copy(agent, dest / "agent" / "server.py")
+    if platform.machine() == "x86_64":
+        (dest / "bin" / "orchard-subreaper").write_bytes(_static_elf(SUBREAPER_X86_64))
+        (dest / "bin" / "orchard-subreaper").chmod(0o755)
     modules = _write_stdlib_zip(lib / f"python{major}{minor}.zip", closure)
     for ext in closure.extensions:
         _copy(ext, dynload / ext.name, executable=True)
@@ -386,6 +413,17 @@ def elf_interpreter(path: Path) -> str | None:
                 f.seek(offset)
                 return f.read(length).rstrip(b"\0").decode()
     return None
+
+
+def _static_elf(code: bytes, base: int = 0x400000) -> bytes:
+    """A minimal x86-64 ELF executable running `code`: one read+execute segment, a non-executable stack."""
+    headers = 64 + 2 * 56
+    size = headers + len(code)
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)  # 64-bit, little-endian, version 1, System V
+    elf = ident + struct.pack("<HHIQQQIHHHHHH", 2, 0x3E, 1, base + headers, 64, 0, 0, 64, 56, 2, 0, 0, 0)
+    elf += struct.pack("<IIQQQQQQ", 1, 5, 0, base, base, size, size, 0x1000)  # PT_LOAD, R+X
+    elf += struct.pack("<IIQQQQQQ", 0x6474E551, 6, 0, 0, 0, 0, 0, 16)  # PT_GNU_STACK, RW
+    return elf + code
 
 
 def _copy(source: Path, target: Path, *, executable: bool = False) -> None:

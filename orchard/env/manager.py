@@ -2,9 +2,10 @@
 
 The manager owns sandboxes for one process (an SDK user or the `orchard up` service). It asks
 the backend to start containers, waits for the injected agent's health check over the direct
-route, records everything in the store, and reaps: expired sandboxes (older than their TTL) and
-orphans (labelled with an owner process of this host that is gone) are deleted at start-up and
-then periodically. Commands never pass through here: callers talk to `info.endpoint` directly.
+route, then has the backend seal what the sandbox could still write on the host (`seal`: its
+run folder), records everything in the store, and reaps: expired sandboxes (older than their
+TTL) and orphans (labelled with an owner process of this host that is gone) are deleted at
+start-up and then periodically. Commands never pass through here: callers talk to `info.endpoint` directly.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class SandboxManager:
         try:
             return self._update(sandbox_id, endpoint=endpoint)
         except NotFound:  # deleted while the backend was creating it
-            self.backend.delete(sandbox_id)
+            self.backend.delete(sandbox_id, self.owner)
             raise
 
     def wait_ready(self, sandbox_id: str, *, timeout: float = 120.0) -> SandboxInfo:
@@ -152,11 +153,18 @@ class SandboxManager:
                     raise SandboxNotReady(f"sandbox {sandbox_id} was not ready within {timeout:g} s")
                 time.sleep(delay)
                 delay = min(delay * 1.5, 0.05)
+        try:
+            self.backend.seal(sandbox_id)  # only the agent has run so far: nothing else to trust
+        except SandboxError as exc:
+            return self._fail(sandbox_id, str(exc))
         return self._update(sandbox_id, status="ready", ready_at=time.time())
 
     def delete(self, sandbox_id: str) -> None:
-        """Delete a sandbox; idempotent (also for ids already gone)."""
-        self.backend.delete(check_sandbox_id(sandbox_id))
+        """Delete a sandbox of this owner; idempotent (also for ids already gone).
+
+        NotFound for a container of that name that is not this owner's sandbox (left alone).
+        """
+        self.backend.delete(check_sandbox_id(sandbox_id), self.owner)
         with self._lock:
             known = self._sandboxes.pop(sandbox_id, None)
         if known is not None:
@@ -248,7 +256,7 @@ class SandboxManager:
         for found in self.backend.list():
             expired = found.expires_at and found.expires_at < now
             if expired or not owner_alive(found.owner):
-                self.backend.delete(check_sandbox_id(found.sandbox_id))
+                self.backend.delete(check_sandbox_id(found.sandbox_id), found.owner)
                 with self._lock:
                     self._sandboxes.pop(found.sandbox_id, None)
                 reason = "expired (TTL)" if expired else f"orphaned (owner {found.owner} is gone)"
@@ -335,7 +343,7 @@ class SandboxManager:
     def _discard(self, sandbox_id: str, message: str, *, remove: bool = True) -> SandboxInfo:
         """Remove whatever the backend made, and keep the sandbox only as a `failed` record."""
         if remove:
-            self.backend.delete(sandbox_id)
+            self.backend.delete(sandbox_id, self.owner)
         with self._lock:
             info = self._sandboxes.pop(sandbox_id, None)
         if info is None:

@@ -155,21 +155,15 @@ def test_injection_into_an_image_without_python_or_libc(tiny):
     assert tiny.read_file("/tmp/x") == b"\x00\xff"
 
 
-def test_blocked_network_has_no_route_and_open_reaches_a_server(client, base_image):
-    """A server in another container this test started: reachable from `open`, not from `blocked`."""
-    with client.create(base_image, network="open") as server:
-        server.exec("nohup python3 -m http.server 8000 >/dev/null 2>&1 &")
-        address = server.exec("hostname -i").stdout.split()[0]
+def test_blocked_network_has_no_route_and_open_has_one(client, base_image):
+    """`blocked`: loopback only, so even another container's address is unreachable. (What `open`
+    reaches, and what not, is attacked in tests/env/test_isolation.py.)"""
+    with client.create(base_image, network="open") as open_box:
+        assert "eth0" in open_box.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | xargs").stdout.split()
+        address = open_box.exec("hostname -i").stdout.split()[0]
         fetch = (
             f"python3 -c \"import urllib.request as u; print(u.urlopen('http://{address}:8000/', timeout=5).status)\""
         )
-        with client.create(base_image, network="open") as open_box:
-            for _ in range(50):
-                reached = open_box.exec(fetch, timeout=10)
-                if reached.stdout == "200\n":
-                    break
-                time.sleep(0.1)
-            assert reached.stdout == "200\n", reached.stderr
         with client.create(base_image) as blocked:
             assert blocked.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | xargs").stdout == "lo\n"
             assert blocked.exec("getent hosts localhost").ok  # loopback still has its name

@@ -31,16 +31,23 @@ resolved against the workdir.
     ``LD_LIBRARY_PATH``, ``ORCHARD_AGENT_*``, ...), with a default ``PATH`` and ``HOME``, then
     ``env`` on top. ``stdin`` is base64 (otherwise stdin is ``/dev/null``). ``max_output`` caps
     each stream (default 8 MiB): the first and last halves are kept around a
-    ``[orchard: N bytes truncated]`` marker. On ``timeout`` (seconds) the whole process group is
-    killed, ``exit_code`` is 124 and a marker line is appended to stderr. Once the command exits,
-    output is read for at most 100 ms more, so background processes holding the pipes do not
-    hang the call (their later output is read and discarded, so they never get ``SIGPIPE``).
+    ``[orchard: N bytes truncated]`` marker. On ``timeout`` (seconds) everything the command
+    started is killed (see below), ``exit_code`` is 124 and a marker line is appended to stderr.
+    Once the command exits, output is read for at most 100 ms more, so background processes
+    holding the pipes do not hang the call (their later output is read and discarded, so they
+    never get ``SIGPIPE``).
     Answer (200, ``application/vnd.orchard.exec``): one JSON line ``{"exit_code": int|null,
     "stdout_length": int, "stderr_length": int, "stdout_bytes": int, "stderr_bytes": int,
     "truncated": bool, "timed_out": bool, "duration": float, "error": str|null}``, a newline,
     then the raw stdout bytes (``stdout_length`` of them) and the raw stderr bytes. ``*_bytes``
     count everything produced (before the cap); a signal death gives ``128 + signum``; a command
-    that cannot start gives ``exit_code`` null and ``error``.
+    that cannot start gives ``exit_code`` null and ``error``. Everything the command started:
+    the command runs as a child subreaper (the bundle's ``bin/orchard-subreaper`` in front of
+    it), so its descendants stay in its process tree even after ``setsid`` and a double fork;
+    on timeout the whole tree is stopped (``SIGSTOP``, rescanned until no new process appears,
+    so none forks away), then killed. Background processes of a command that *exits* in time
+    keep running. (Without the bundle's program, as on hosts other than x86-64, an orphan that
+    called ``setsid`` escapes the tree.)
 
 ``POST /shell``
     Body ``{"command": str, "session": str (default "default"), "timeout": number|null,
@@ -48,7 +55,7 @@ resolved against the workdir.
     first use), through ``eval`` so that a syntax error or an open quote fails only that command;
     cwd, variables and functions carry over. Answered as ``/exec`` (plus ``"session"`` in the
     JSON line). Output that background jobs write between commands is dropped. A timeout kills
-    the session's whole process group; a command that exits the shell or closes its output ends
+    the session's whole process tree; a command that exits the shell or closes its output ends
     the session too; either way the next command starts a fresh shell and ``error`` says so.
     Commands of one session run one at a time. ``DELETE /shell?session=NAME`` ends a session:
     ``{"session", "closed": bool}``.
@@ -158,6 +165,10 @@ AGENT_ENV_VARS = frozenset({"PYTHONHOME", "PYTHONPATH", "LD_LIBRARY_PATH", "PYTH
 AGENT_ENV_PREFIX = "ORCHARD_AGENT_"
 BASH_PATHS = ("/bin/bash", "/usr/bin/bash")
 SH_PATH = "/bin/sh"
+SUBREAPER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bin", "orchard-subreaper")
+REAPED = [SUBREAPER] if os.access(SUBREAPER, os.X_OK) else []
+"""Put in front of every command's argv: it becomes a child subreaper, then execs the command."""
+MAX_FREEZE_ROUNDS = 1000  # /proc scans while stopping a process tree (each stops all it found)
 
 ROUTES: dict[str, dict[str, str]] = {
     "/health": {"GET": "route_health"},
@@ -407,7 +418,7 @@ def run_process(
     timeout: float | None = None,
     max_output: int = DEFAULT_MAX_OUTPUT,
 ) -> ProcessResult:
-    """Run argv in its own session, capturing output without polling; kill the group on timeout."""
+    """Run argv in its own session, capturing output without polling; kill its tree on timeout."""
     start = time.monotonic()
     result = ProcessResult(Capture(max_output), Capture(max_output))
     out_r, out_w = os.pipe()
@@ -415,7 +426,7 @@ def run_process(
     in_r, in_w = os.pipe() if stdin is not None else (subprocess.DEVNULL, -1)
     try:
         proc = subprocess.Popen(
-            argv,
+            [*REAPED, *argv],
             cwd=cwd,
             env=env,
             stdin=in_r,
@@ -475,7 +486,7 @@ def _pump(
                 if exited or timed_out:
                     break
                 timed_out = True
-                _kill_group(proc.pid)
+                kill_tree(proc.pid)
                 deadline = time.monotonic() + KILL_WAIT_S
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             for key, _ in selector.select(wait):
@@ -535,9 +546,49 @@ def _exit_watch(proc: subprocess.Popen[bytes]) -> int:
         return read_fd
 
 
-def _kill_group(pgid: int) -> None:
+def kill_tree(root: int) -> None:
+    """Kill ``root``, everything below it in the process tree, and its process group.
+
+    Stopped first, each round stopping every process found, until a scan finds no new one: a
+    stopped process cannot fork, so nothing escapes between the scan and the kill. Then SIGKILL.
+    """
+    stopped: set[int] = set()
+    for _ in range(MAX_FREEZE_ROUNDS):
+        found = _descendants(root) - stopped
+        if not found:
+            break
+        for pid in found:
+            _signal(pid, signal.SIGSTOP)
+        stopped |= found
+    for pid in stopped:
+        _signal(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(root, signal.SIGKILL)
+
+
+def _descendants(root: int) -> set[int]:
+    """``root`` and every process below it, from the parent pids in /proc."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):  # gone meanwhile
+                continue
+            children.setdefault(parent, []).append(int(name))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return found
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signum)
 
 
 def _discard_in_background(fds: list[int]) -> None:
@@ -571,7 +622,7 @@ class ShellSession:
     joined at run time so that no trace ever contains it, with the exit status, on stdout and
     stderr; the command's output is what comes before the markers. Output that background jobs
     write between commands is dropped before the next command. A timeout kills the shell's whole
-    process group, and so does a command that ends the shell or closes its output; either way the
+    process tree, and so does a command that ends the shell or closes its output; either way the
     session starts afresh on the next command, and ``error`` says so.
     """
 
@@ -581,7 +632,7 @@ class ShellSession:
             raise FileNotFoundError("no shell found (looked for /bin/bash, /usr/bin/bash, /bin/sh)")
         argv = [shell.path, "--noprofile", "--norc"] if shell.is_bash else [shell.path]
         self.proc = subprocess.Popen(
-            argv,
+            [*REAPED, *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -596,7 +647,8 @@ class ShellSession:
 
     def kill(self) -> None:
         """Kill the shell and everything it started (pipes stay open for a reader still on them)."""
-        _kill_group(self.proc.pid)
+        if self.proc.returncode is None:  # once reaped, its pid may be another process's
+            kill_tree(self.proc.pid)
         self.proc.wait()
 
     def run(self, command: str, timeout: float | None, max_output: int) -> ProcessResult:
@@ -1582,7 +1634,7 @@ class AgentServer(socketserver.ThreadingMixIn, socketserver.BaseServer):
     """Shared behaviour of the Unix and TCP servers: a thread per connection, quiet errors."""
 
     daemon_threads = True
-    request_queue_size = 128
+    request_queue_size = 4096  # the kernel caps it at net.core.somaxconn: a burst of connections is queued
     agent: AgentConfig
 
     def handle_error(self, request: object, client_address: object) -> None:

@@ -32,7 +32,8 @@ class SandboxSpec:
 
     image: str
     network: Network = "blocked"
-    """`blocked`: no interface but loopback (the host still reaches the agent); `open`: the default network."""
+    """`blocked`: no interface but loopback (the host still reaches the agent); `open`: out to other hosts only
+    (neither other sandboxes nor this host's services: see the backend's docstring)."""
     cpu: float | None = None
     """CPU cores (fractions allowed); None = no limit."""
     memory_bytes: int | None = None
@@ -107,8 +108,16 @@ class Backend(Protocol):
         """Whether the sandbox's container runs, and why not."""
         ...
 
-    def delete(self, sandbox_id: str) -> None:
-        """Remove the sandbox and everything it holds; idempotent."""
+    def seal(self, sandbox_id: str) -> None:
+        """Close what the sandbox could still write on the host, once its agent answers."""
+        ...
+
+    def delete(self, sandbox_id: str, owner: str | None = None) -> None:
+        """Remove the sandbox and everything it holds; idempotent.
+
+        Acts only on what the backend made for `sandbox_id` (for `owner`, when given): anything
+        else of that name raises NotFound and is left alone.
+        """
         ...
 
     def list(self) -> list[BackendSandbox]:

@@ -8,17 +8,52 @@ it without any network, even with `--network none`. The Docker API is used to cr
 delete, never to run commands.
 
 Security profile of every container: all capabilities dropped, `no-new-privileges`, a pids limit,
-optional cpu/memory limits, optional runtime (`runsc` for gVisor). Network `blocked` means
-`--network none` (loopback only); `open` means the default bridge.
+optional cpu/memory limits, optional runtime (`runsc` for gVisor), and Docker's default seccomp
+profile with `io_uring_setup`, `io_uring_enter` and `io_uring_register` denied on top (ENOSYS, as
+on a kernel without them; the rest of what no task needs, such as `bpf`, `perf_event_open`,
+`userfaultfd`, `kexec_*` and the keyctl family, the default profile already denies without
+CAP_SYS_ADMIN). gVisor ignores OCI seccomp profiles (without `--oci-seccomp`): there, system calls
+reach gVisor's own kernel, not the host's.
+
+The run folder holds only the socket. It is writable while the agent starts (only the agent runs
+then: the image's entrypoint is replaced) and sealed once the agent answers (`seal`): mode 0555,
+owned by `SEALED_UID` when Orchard runs as root, else by the operator. Without CAP_DAC_OVERRIDE,
+CAP_FOWNER or CAP_CHOWN no sandbox process, root included, can then create, rename, unlink or
+chmod anything there, so the sandbox can write nothing to the host through it (and leave nothing:
+no setuid, executable or device file) and cannot move the socket. `delete` unseals and removes it.
+gVisor's Sentry honours the seal too (it checks the folder's owner and mode as the host reports them).
+
+Network `blocked` means `--network none` (loopback only). Network `open` means the Docker network
+`orchard-open` (bridge `orchard-open0`, created on first use) with inter-container traffic off,
+plus host firewall rules (`HOST_GUARDS`: iptables INPUT rejects new connections arriving from
+that bridge; DOCKER-USER rejects what it sends to link-local addresses) so that a sandbox
+reaches neither another sandbox nor any service of this host, on any of its addresses (a service
+bound to 0.0.0.0 included), nor a cloud's instance metadata service (169.254.169.254). What
+`open` allows: connections out to any other address (the internet, the LAN, other hosts'
+services: Docker masquerades them as this host), name resolution through Docker's embedded
+DNS, and answers to connections the host opens. IPv4 only: Docker disables IPv6 inside the
+containers of a network without IPv6. When the rules cannot be installed (not root, no
+iptables), `open` is refused; on Docker Desktop (the `port` route), whose engine runs in a VM
+of its own, it is allowed with a warning. The network and the rules stay (they are shared by
+every `open` sandbox of this host); `docker network rm orchard-open` and `iptables -D` remove them.
+
+Ownership: `delete` and `state` act only on a container that carries Orchard's labels for that
+sandbox id (and owner, when given), never on one that merely has the name `orchard-<id>`.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import json
+import logging
 import os
+import shlex
 import shutil
 import stat
+import subprocess
+import threading
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -33,13 +68,36 @@ from orchard.env.backends.base import (
     SandboxState,
     labels_for,
 )
-from orchard.errors import ConfigError, Conflict, EngineUnavailable, ImageNotFound, InvalidRequest, SandboxError
+from orchard.errors import (
+    ConfigError,
+    Conflict,
+    EngineUnavailable,
+    ImageNotFound,
+    InvalidRequest,
+    NotFound,
+    SandboxError,
+)
 
 AGENT_MOUNT = "/.orchard"
 RUN_MOUNT = "/.orchard-run"
 AGENT_PORT = 7000
 LOOPBACK_HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 """/etc/hosts of a `blocked` sandbox, which has loopback only."""
+SEALED_UID = 2_147_483_646
+"""Owner (uid and gid) of a sealed run folder when Orchard runs as root: no sandbox process has it."""
+OPEN_NETWORK = "orchard-open"
+OPEN_BRIDGE = "orchard-open0"
+HOST_GUARDS = (
+    ("INPUT", "-i", OPEN_BRIDGE, "-m", "conntrack", "!", "--ctstate", "ESTABLISHED,RELATED", "-j", "REJECT"),
+    ("DOCKER-USER", "-i", OPEN_BRIDGE, "-d", "169.254.0.0/16", "-j", "REJECT"),
+)
+"""iptables rules keeping `open` sandboxes from this host's services: new connections from the bridge to
+the host itself, and to link-local addresses (a cloud's instance metadata service: the host's credentials)."""
+DENIED_SYSCALLS = ("io_uring_enter", "io_uring_register", "io_uring_setup")
+"""Denied on top of Docker's default seccomp profile: no task needs them, and they widen the kernel surface."""
+SECCOMP_DEFAULT = Path(__file__).with_name("docker-default-seccomp.json")
+
+log = logging.getLogger("orchard.env")
 
 
 class DockerConfig(BaseModel):
@@ -94,6 +152,8 @@ class DockerBackend:
             self.route = "port" if info.get("OperatingSystem") == "Docker Desktop" else "socket"
         self.bundle = build_bundle()
         self._run_root = _private_folder(settings().run_dir)
+        self._open_network_ready = False
+        self._open_network_lock = threading.Lock()
         self._loopback_hosts = _write_once(self._run_root / "hosts", LOOPBACK_HOSTS)
         self._api.trust_env = False  # no proxy look-up on every call to a local engine
 
@@ -128,6 +188,8 @@ class DockerBackend:
             )
         if spec.disk_bytes and self._disk_cap is not None:
             raise ConfigError(f"this Docker engine cannot cap a sandbox's disk: {self._disk_cap}")
+        if spec.network == "open":
+            self._ensure_open_network()
         run_dir = self._run_dir(sandbox_id)
         try:
             run_dir.mkdir(mode=0o777)
@@ -173,12 +235,14 @@ class DockerBackend:
         """Running or not, with the exit code and the last log lines when it stopped."""
         from docker.errors import NotFound as DockerNotFound
 
-        name = f"orchard-{sandbox_id}"
+        container = self._sandbox_container(sandbox_id)
+        if container is None or not self._is_sandbox(container, sandbox_id):
+            return SandboxState(running=False, exists=False, message="the container is gone")
+        state = container["State"]
+        if state.get("Running"):
+            return SandboxState(running=True)
         try:
-            state = self._api.inspect_container(name)["State"]
-            if state.get("Running"):
-                return SandboxState(running=True)
-            logs = self._api.logs(name, tail=5).decode(errors="replace").strip()
+            logs = self._api.logs(container["Id"], tail=5).decode(errors="replace").strip()
         except DockerNotFound:
             return SandboxState(running=False, exists=False, message="the container is gone")
         message = f"the container exited with code {state.get('ExitCode')}"
@@ -188,10 +252,45 @@ class DockerBackend:
             message += f"; last output: {logs[-500:]}"
         return SandboxState(running=False, message=message)
 
-    def delete(self, sandbox_id: str) -> None:
-        """Remove the container (forced) with its anonymous volumes and its socket folder."""
-        self._remove(f"orchard-{sandbox_id}")
-        shutil.rmtree(self._run_dir(sandbox_id), ignore_errors=True)
+    def seal(self, sandbox_id: str) -> None:
+        """Make the run folder read-only for the sandbox, now that the agent listens there.
+
+        Owned by `SEALED_UID` (as root) or by the operator, mode 0555: see the module docstring.
+        A non-root operator whose uid the image's user shares would own the folder from inside
+        too, so such a sandbox is refused (runc; gVisor's sockets do not show that uid).
+        """
+        if self.route == "port":
+            return
+        run_dir = self._run_dir(sandbox_id)
+        if os.getuid() == 0:
+            os.chown(run_dir, SEALED_UID, SEALED_UID)
+        run_dir.chmod(0o555)
+        socket_owner = os.lstat(run_dir / "agent.sock").st_uid
+        if socket_owner == run_dir.stat().st_uid:
+            raise SandboxError(
+                f"the image's user (uid {socket_owner}) is this operator's uid, so sandbox {sandbox_id} could write "
+                "to the host through its run folder: run Orchard as root or as another user"
+            )
+
+    def delete(self, sandbox_id: str, owner: str | None = None) -> None:
+        """Remove the sandbox's container (forced, with its anonymous volumes) and its run folder.
+
+        Idempotent. Only a container labelled as Orchard's sandbox `sandbox_id` (of `owner`,
+        when given) is removed; a container that merely has the name `orchard-<id>` is left
+        alone, and so is the sandbox of another owner: both raise NotFound.
+        """
+        container = self._sandbox_container(sandbox_id)
+        if container is not None:
+            if not self._is_sandbox(container, sandbox_id, owner):
+                whose = "another owner's sandbox" if self._is_sandbox(container, sandbox_id) else "not Orchard's"
+                raise NotFound(
+                    f"no sandbox {sandbox_id!r} here: the container orchard-{sandbox_id} is {whose}; left alone"
+                )
+            self._remove(container["Id"])
+        run_dir = self._run_dir(sandbox_id)
+        with contextlib.suppress(FileNotFoundError):
+            run_dir.chmod(0o700)  # unseal: as its owner, whoever runs Orchard
+        shutil.rmtree(run_dir, ignore_errors=True)
 
     def list(self) -> list[BackendSandbox]:
         """Every Orchard container in this engine, found by label."""
@@ -212,6 +311,87 @@ class DockerBackend:
         listen = ["--tcp", f"0.0.0.0:{AGENT_PORT}"] if self.route == "port" else ["--unix", f"{RUN_MOUNT}/agent.sock"]
         return [*self.bundle.command(AGENT_MOUNT), *listen, "--workdir", spec.workdir]
 
+    def _sandbox_container(self, sandbox_id: str) -> dict | None:
+        """The container named after the sandbox, whoever made it (None if there is none)."""
+        from docker.errors import NotFound as DockerNotFound
+
+        try:
+            return self._api.inspect_container(f"orchard-{sandbox_id}")
+        except DockerNotFound:
+            return None
+
+    @staticmethod
+    def _is_sandbox(container: dict, sandbox_id: str, owner: str | None = None) -> bool:
+        """Whether Orchard labelled `container` as sandbox `sandbox_id` (of `owner`, if given)."""
+        labels = (container.get("Config") or {}).get("Labels") or {}
+        return (
+            labels.get(LABEL_PREFIX + "managed") == "true"
+            and labels.get(LABEL_PREFIX + "sandbox") == sandbox_id
+            and (owner is None or labels.get(LABEL_PREFIX + "owner") == owner)
+        )
+
+    def _ensure_open_network(self) -> None:
+        """Create `OPEN_NETWORK` if missing and check it and the host guard, once per backend."""
+        with self._open_network_lock:
+            if self._open_network_ready:
+                return
+            network = self._open_network()
+            options = network.get("Options") or {}
+            if options.get("com.docker.network.bridge.enable_icc") != "false" or (
+                options.get("com.docker.network.bridge.name") != OPEN_BRIDGE
+            ):
+                raise ConfigError(
+                    f"the Docker network {OPEN_NETWORK!r} lets containers reach each other or is not on bridge "
+                    f"{OPEN_BRIDGE}; remove it (`docker network rm {OPEN_NETWORK}`) and Orchard makes it anew"
+                )
+            self._install_host_guards()
+            self._open_network_ready = True
+
+    def _open_network(self) -> dict:
+        from docker.errors import APIError
+        from docker.errors import NotFound as DockerNotFound
+
+        for _ in range(2):
+            with contextlib.suppress(DockerNotFound):
+                return self._api.inspect_network(OPEN_NETWORK)
+            try:
+                self._api.create_network(
+                    OPEN_NETWORK,
+                    driver="bridge",
+                    options={
+                        "com.docker.network.bridge.enable_icc": "false",
+                        "com.docker.network.bridge.name": OPEN_BRIDGE,
+                    },
+                    labels={LABEL_PREFIX + "managed": "true"},
+                    check_duplicate=True,
+                )
+            except APIError as exc:  # made meanwhile by another process: inspect it again
+                if exc.status_code != 409 and "already exists" not in str(exc):
+                    raise SandboxError(
+                        f"Docker could not create the network {OPEN_NETWORK}: {_first_line(exc)}"
+                    ) from None
+        return self._api.inspect_network(OPEN_NETWORK)
+
+    def _install_host_guards(self) -> None:
+        """Add each of `HOST_GUARDS` unless present; refuse `open` without them (warn on Docker Desktop)."""
+        iptables = shutil.which("iptables") or shutil.which("iptables", path="/usr/sbin:/sbin")
+        for rule in HOST_GUARDS:
+            why = "no iptables command" if iptables is None else ""
+            if iptables is not None:
+                if subprocess.run([iptables, "-w", "-C", *rule], capture_output=True).returncode == 0:
+                    continue
+                add = subprocess.run([iptables, "-w", "-I", *rule], capture_output=True, text=True)
+                if add.returncode == 0:
+                    continue
+                why = (add.stderr.strip().splitlines() or [f"iptables exited with {add.returncode}"])[0]
+            if self.route != "port":
+                raise ConfigError(
+                    f"network 'open' needs firewall rules keeping sandboxes from this host's services, and one "
+                    f"could not be installed ({why}): run Orchard as root once, or add it: "
+                    f"iptables -I {shlex.join(rule)}"
+                )
+            log.warning("network 'open' sandboxes may reach the Docker VM's services: %s", why)
+
     def _host_config(self, run_dir: Path, spec: SandboxSpec) -> dict:
         from docker.types import Mount
 
@@ -223,11 +403,11 @@ class DockerBackend:
             mounts.append(Mount("/etc/hosts", str(self._loopback_hosts), type="bind", read_only=True))
         return self._api.create_host_config(
             mounts=mounts,
-            network_mode="none" if spec.network == "blocked" else "bridge",
+            network_mode="none" if spec.network == "blocked" else OPEN_NETWORK,
             port_bindings={AGENT_PORT: ("127.0.0.1", None)} if self.route == "port" else None,
             init=True,
             cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
+            security_opt=["no-new-privileges", f"seccomp={seccomp_profile()}"],
             pids_limit=spec.pids,
             nano_cpus=int(spec.cpu * 1e9) if spec.cpu else None,
             mem_limit=spec.memory_bytes,
@@ -259,6 +439,19 @@ class DockerBackend:
         if run_dir.parent != self._run_root or sandbox_id in ("", ".", ".."):
             raise InvalidRequest(f"sandbox id {sandbox_id!r} cannot name a folder")
         return run_dir
+
+
+@lru_cache(maxsize=1)
+def seccomp_profile() -> str:
+    """Docker's default profile (shipped: Docker's API takes a profile only whole) minus `DENIED_SYSCALLS`."""
+    profile = json.loads(SECCOMP_DEFAULT.read_text())
+    for rule in profile["syscalls"]:
+        rule["names"] = [name for name in rule["names"] if name not in DENIED_SYSCALLS]
+    profile["syscalls"] = [rule for rule in profile["syscalls"] if rule["names"]]
+    profile["syscalls"].append(
+        {"names": list(DENIED_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": 38, "comment": "ENOSYS: by Orchard"}
+    )
+    return json.dumps(profile, separators=(",", ":"))
 
 
 def _private_folder(path: Path) -> Path:
