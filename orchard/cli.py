@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from orchard import __version__
-from orchard.config import BASE_IMAGE, settings
+from orchard.config import BASE_IMAGE, private_file, private_folder, settings
 from orchard.errors import EngineUnavailable, OrchardError
 
 app = typer.Typer(
@@ -88,9 +88,12 @@ def root(
 def up(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
-    api_key: Annotated[
-        str | None,
-        typer.Option(envvar="ORCHARD_API_KEY", help="API key (default: one stored in ORCHARD_HOME)."),
+    api_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="File holding the API key (default: $ORCHARD_API_KEY, else one stored in ORCHARD_HOME). "
+            "Never the key itself: any user can read a command line."
+        ),
     ] = None,
     backend: Annotated[str, typer.Option(help="Where sandboxes run.")] = "docker",
     runtime: Annotated[
@@ -102,7 +105,7 @@ def up(
     ] = None,
 ) -> None:
     """Start the environment service (Orchard Env API) on the local Docker engine."""
-    from orchard.env.service import load_or_create_key, parse_pool, serve
+    from orchard.env.service import load_or_create_key, parse_pool, read_key_file, serve
 
     for each in pool or []:
         parse_pool(each)  # a mistake is one line here, not a service that fails to start
@@ -111,7 +114,7 @@ def up(
     if running:
         typer.echo(f"already running at {running['url']} (pid {running['pid']}); `orchard down` stops it")
         return
-    key = api_key or load_or_create_key()
+    key = read_key_file(api_key_file) if api_key_file else load_or_create_key()
     if foreground:
         serve(host, port, backend=backend, runtime=runtime, api_key=key, pools=pool)
         return
@@ -119,9 +122,8 @@ def up(
 
 
 def _start_in_background(host: str, port: int, backend: str, runtime: str | None, key: str, pools: list[str]) -> None:
-    home = settings().home
-    home.mkdir(parents=True, exist_ok=True)
-    log_path = home / "service.log"
+    """Start the service as its own process; the key goes in its environment, never its argv."""
+    log_path = private_file(private_folder(settings().home) / "service.log")
     argv = [
         sys.executable,
         "-m",

@@ -8,10 +8,14 @@
 | `ORCHARD_RUN_DIR` | `$XDG_RUNTIME_DIR/orchard` or `/tmp/orchard-$UID` | per-sandbox socket folders (short paths: Unix sockets allow 107 bytes) |
 | `ORCHARD_URL` / `SANDBOX_BASE_URL` | unset | a running `orchard up` service for the SDK and the CLI |
 | `ORCHARD_API_KEY` / `SANDBOX_API_KEY` | unset | its API key |
+
+`ORCHARD_HOME` holds keys, the store and logs: it is made mode 0700 (a wider one is tightened)
+and the files in it 0600 (`private_folder`, `private_file`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,3 +65,29 @@ def settings() -> Settings:
         service_url=env.get("ORCHARD_URL") or env.get("SANDBOX_BASE_URL") or None,
         api_key=env.get("ORCHARD_API_KEY") or env.get("SANDBOX_API_KEY") or None,
     )
+
+
+def private_folder(path: Path) -> Path:
+    """`path`, made mode 0700, or tightened to it when wider: what Orchard keeps there is the operator's.
+
+    A folder that is not ours to change is left as it is, with a warning.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _tighten(path, 0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """`path`, created empty with mode 0600 if missing, or tightened to it when wider."""
+    os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o600))
+    _tighten(path, 0o600)
+    return path
+
+
+def _tighten(path: Path, most: int) -> None:
+    mode = path.stat().st_mode & 0o777
+    if mode & ~most:
+        try:
+            path.chmod(mode & most)
+        except PermissionError:
+            logging.getLogger("orchard").warning("%s is mode %o, not %o, and not ours to change", path, mode, most)

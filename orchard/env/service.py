@@ -3,16 +3,24 @@
 Routes, fields and status codes follow `ORCHARD_ENV_API.md` (the API of the published Orchard
 Env service) so its clients work unchanged. Extensions: `GET /sandboxes` (list), `GET/PUT
 /sandboxes/{id}/archive` (folders as tar), `ttl`, `env` and `run_id` on create, and on jobs
-`truncated`, `timed_out`, `stdout_bytes`, `stderr_bytes` and `rejected` (the agent refused the
-request itself, e.g. a missing cwd); `session` on exec (a persistent shell) and `DELETE
-/sandboxes/{id}/shell`; `POST/GET /pools` (warm pools). Beyond `max_starting` sandboxes starting
-or `max_running` commands running, requests get 503 with Retry-After, before anything is done. A duplicate `sandbox_id` is 409. An image that cannot be found
-gives 200 with `status: "failed"` and the reason, at once. An exec on a pending sandbox waits for
-it (up to `timeout_seconds`).
+`truncated`, `timed_out`, `stdout_bytes`, `stderr_bytes`, `rejected` (the agent refused the
+request itself, e.g. a missing cwd) and `output_dropped`; `session` on exec (a persistent shell)
+and `DELETE /sandboxes/{id}/shell`; `POST/GET /pools` (warm pools). Beyond `max_starting`
+sandboxes starting or `max_running` commands running, requests get 503 with Retry-After, before
+anything is done; so does a client past its fair share of `max_running` (`Service._take_slot`).
+A duplicate `sandbox_id` is 409. An image that cannot be found gives 200 with `status: "failed"`
+and the reason, at once. An exec on a pending sandbox waits for it (up to `timeout_seconds`).
 
 The service holds one keep-alive connection to each sandbox's agent (a Unix socket locally) and
 runs commands as jobs on the event loop; Docker is called only to create and delete. Every route
-but `GET /` and `GET /health` needs the `X-API-Key` header (401 missing, 403 wrong).
+but `GET /` and `GET /health` needs the `X-API-Key` header (401 missing, 403 wrong), checked
+before a byte of the body is read; bodies are capped as they arrive, chunked or not (413).
+
+Clients hold the key; sandboxes are hostile, so what the service reads from one is bounded: a
+file (`GET /files`, 64 MiB), a tar (`GET /archive`, 1 GiB, spooled to a temporary file and
+streamed), an exec answer (the agent's output cap); past a bound it answers 413. The output of
+finished jobs kept in memory is bounded in all (`KEPT_OUTPUT_BYTES`): the oldest is dropped first,
+the job's outcome kept and `output_dropped` set.
 """
 
 from __future__ import annotations
@@ -29,23 +37,26 @@ import logging
 import math
 import os
 import secrets
+import sys
+import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from pathlib import Path
+from typing import Annotated, Any, BinaryIO
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, StrictStr, field_validator
 from starlette.concurrency import run_in_threadpool
 
 from orchard import __version__
-from orchard.config import settings
+from orchard.config import private_file, private_folder, settings
 from orchard.env.backends import DockerConfig, backend_config
 from orchard.env.backends.base import SANDBOX_ID, SandboxSpec, check_sandbox_id, parse_memory
-from orchard.env.calls import AgentCalls, ExecResult, asend, command_text
+from orchard.env.calls import ARCHIVE_LIMIT, READ_LIMIT, AgentCalls, ExecResult, asend, command_text
 from orchard.env.client import make_spec
 from orchard.env.manager import SandboxInfo, SandboxManager, async_agent_http, new_sandbox_id
 from orchard.env.pty import open_agent_relay
@@ -61,12 +72,15 @@ from orchard.errors import (
     OrchardError,
     Overloaded,
     SandboxError,
+    TooLarge,
 )
 
 MAX_UPLOAD_BYTES = 256 * 2**20
 """Largest file or archive one request may upload (413 beyond)."""
 JOB_KEEP_SECONDS = 3600.0
 """Finished jobs stay readable at least this long."""
+KEPT_OUTPUT_BYTES = 256 * 2**20
+"""Memory the output of all finished jobs may take; past it the oldest jobs' output is dropped."""
 HEARTBEAT_SILENCE_SECONDS = 180.0
 """A sandbox that heartbeated once and then fell silent this long is reaped."""
 
@@ -154,6 +168,8 @@ class Job:
     error: str | None = None
     rejected: bool = False
     """The agent refused the request itself (bad cwd, ...); the SDK raises InvalidRequest."""
+    output_dropped: bool = False
+    """Its output was dropped to keep finished jobs within the service's memory budget."""
     created_at: float = field(default_factory=time.time)
     started_at: float | None = None
     completed_at: float | None = None
@@ -179,7 +195,16 @@ class Job:
             "stdout_bytes": result.stdout_bytes if result else 0,
             "stderr_bytes": result.stderr_bytes if result else 0,
             "rejected": self.rejected,
+            "output_dropped": self.output_dropped,
         }
+
+    def drop_output(self) -> None:
+        """Forget stdout and stderr, keeping the outcome; `error` says why they are empty."""
+        if self.result is not None:
+            self.result = dataclasses.replace(self.result, stdout="", stderr="")
+        self.output_dropped = True
+        dropped = "output dropped: the service keeps a bounded amount of finished jobs' output; read jobs sooner"
+        self.error = f"{self.error}; {dropped}" if self.error else dropped
 
 
 class Service:
@@ -191,24 +216,36 @@ class Service:
         api_key: str | None,
         *,
         max_upload_bytes: int = MAX_UPLOAD_BYTES,
+        max_file_read_bytes: int = READ_LIMIT,
+        max_archive_read_bytes: int = ARCHIVE_LIMIT,
         heartbeat_silence: float = HEARTBEAT_SILENCE_SECONDS,
         housekeep_interval: float = 5.0,
         max_starting: int = 64,
         max_running: int = 1024,
+        kept_output_bytes: int = KEPT_OUTPUT_BYTES,
     ):
         self.manager = manager
         self.api_key = api_key
         self.max_upload_bytes = max_upload_bytes
+        self.max_file_read_bytes, self.max_archive_read_bytes = max_file_read_bytes, max_archive_read_bytes
+        """The most the service reads of one file (answered base64 in JSON) or one tar (streamed
+        through a temporary file) from a sandbox; 413 beyond."""
         self.heartbeat_silence = heartbeat_silence
         self.housekeep_interval = housekeep_interval
         self.max_starting, self.max_running = max_starting, max_running
         """Beyond these many sandboxes starting or commands running, requests get 503 + Retry-After."""
         self._starting = 0
         self._running = 0
+        self._held: dict[str, int] = {}
+        """Running commands per client (the peer's address), for fair shares of `max_running`."""
         self.agents: dict[str, AsyncAgentChannel] = {}
         self.ready: dict[str, asyncio.Event] = {}
         self.heartbeats: dict[str, float] = {}
         self.jobs: dict[str, Job] = {}
+        self.kept_output_bytes = kept_output_bytes
+        self._kept: dict[str, int] = {}
+        """Finished jobs that still hold output, oldest first, and the bytes each holds."""
+        self._kept_total = 0
         self.on_close: list[Callable[[], None]] = []
         """Run after every sandbox is deleted at shutdown (uvicorn re-raises SIGTERM right after)."""
         self._tasks: set[asyncio.Task] = set()
@@ -330,10 +367,9 @@ class Service:
 
     # jobs
 
-    async def submit(self, sandbox_id: str, body: ExecBody) -> Job:
-        if self._running >= self.max_running:
-            raise Overloaded(f"{self._running} commands are running already; retry shortly")
-        self._running += 1  # counted before any await, so a burst cannot slip past the limit
+    async def submit(self, sandbox_id: str, body: ExecBody, client: str) -> Job:
+        """Start a command as a job for `client` (the peer's address), within its share of slots."""
+        self._take_slot(client)  # before any await, so a burst cannot slip past the limit
         try:
             agent = await self.agent(sandbox_id, wait=body.timeout_seconds)
             command = command_text(body.command)
@@ -341,13 +377,42 @@ class Service:
             if not body.wait:  # the caller only gets a job id: it must survive a crash of the service
                 await run_in_threadpool(self.manager.record_started, job.job_id, sandbox_id, command, job.created_at)
         except BaseException:
-            self._running -= 1
+            self._free_slot(client)
             raise
         self.jobs[job.job_id] = job
-        self.spawn(self._run(job, agent, body))
+        self.spawn(self._run(job, agent, body, client))
         return job
 
-    async def _run(self, job: Job, agent: AsyncAgentChannel, body: ExecBody) -> None:
+    def _take_slot(self, client: str) -> None:
+        """Count a running command of `client`, or raise Overloaded.
+
+        Beyond `max_running` in all, every command is refused. Below it, a client holds at most
+        its share: the slots but a reserve (an eighth), split evenly between the clients running
+        some. A client that floods never takes the reserve, so one that comes after it runs at once;
+        and it gives way as the others' commands take its share. A client is the peer's address:
+        clients share the service's one key, and a connection is no unit (every waiting exec holds
+        one of its own).
+        """
+        if self._running >= self.max_running:
+            raise Overloaded(f"{self._running} commands are running already; retry shortly")
+        held = self._held.get(client, 0)
+        clients = len(self._held) + (held == 0)
+        share = max(1, (self.max_running - max(1, self.max_running // 8)) // clients)
+        if held >= share:
+            raise Overloaded(
+                f"this client ({client or 'local'}) runs {held} commands, its fair share of the "
+                f"{self.max_running} command slots while {clients - 1} other client(s) run some; retry shortly"
+            )
+        self._running += 1
+        self._held[client] = held + 1
+
+    def _free_slot(self, client: str) -> None:
+        self._running -= 1
+        held = self._held.pop(client) - 1
+        if held:
+            self._held[client] = held
+
+    async def _run(self, job: Job, agent: AsyncAgentChannel, body: ExecBody, client: str) -> None:
         job.status, job.started_at = "running", time.time()
         try:
             call = AgentCalls().exec(
@@ -358,9 +423,11 @@ class Service:
                 login_shell=body.login_shell,
                 session=body.session,
             )
-            job.result = result = await asend(agent, call)
+            answer = await asend(agent, call)
+            job.result = result = dataclasses.replace(answer, raw_stdout=b"", raw_stderr=b"")  # text is enough
         except OrchardError as exc:
-            job.error, job.rejected = str(exc), isinstance(exc, InvalidRequest)
+            job.error = str(exc)
+            job.rejected = isinstance(exc, InvalidRequest) and not isinstance(exc, TooLarge)  # the agent's, not ours
             result = ExecResult(exit_code=None, stdout="", stderr="", error=job.error)
         except Exception as exc:  # a bug or a garbled answer: the job still ends, with the reason
             log.exception("job %s failed", job.job_id)
@@ -369,11 +436,27 @@ class Service:
         else:
             job.error = f"command timed out after {body.timeout_seconds:g} s" if result.timed_out else result.error
         finally:
-            self._running -= 1
+            self._free_slot(client)
         job.status = "succeeded" if result.exit_code == 0 else "failed"
         job.completed_at = time.time()
-        self.manager.record_exec(job.sandbox_id, job.command, result, job.started_at, job_id=job.job_id)
+        outcome = dataclasses.replace(result, stdout="", stderr="")  # the store keeps no output
+        self.manager.record_exec(job.sandbox_id, job.command, outcome, job.started_at, job_id=job.job_id)
+        self._keep_output(job)
         job.done.set()
+
+    def _keep_output(self, job: Job) -> None:
+        """Count a finished job's output, dropping the oldest jobs' output past the budget."""
+        if job.result is None:
+            return
+        size = sys.getsizeof(job.result.stdout) + sys.getsizeof(job.result.stderr)
+        self._kept[job.job_id] = size
+        self._kept_total += size
+        while self._kept_total > self.kept_output_bytes:
+            oldest = next(iter(self._kept))
+            self._kept_total -= self._kept.pop(oldest)
+            dropped = self.jobs.get(oldest)
+            if dropped is not None:
+                dropped.drop_output()
 
     async def wait_job(self, job_id: str, timeout: float) -> Job:
         job = self.jobs.get(job_id) or await run_in_threadpool(self._job_from_store, job_id)
@@ -407,6 +490,7 @@ class Service:
             for job_id, job in list(self.jobs.items()):
                 if job.completed_at and now - job.completed_at > JOB_KEEP_SECONDS:
                     self.jobs.pop(job_id, None)
+                    self._kept_total -= self._kept.pop(job_id, 0)
             for sandbox_id in list(self.agents):  # reaped at their TTL by the manager meanwhile
                 if not self.manager.knows(sandbox_id):
                     self.ready.pop(sandbox_id, None)
@@ -477,17 +561,7 @@ def create_app(service: Service) -> FastAPI:
     )
     _add_error_handlers(app)
 
-    app.add_middleware(RefuseHugeBodies, service=service)
-
-    def require_key(x_api_key: Annotated[str | None, Header()] = None) -> None:
-        if service.api_key is None:
-            return
-        if not x_api_key:
-            raise HTTPException(401, "missing X-API-Key header")
-        if not hmac.compare_digest(x_api_key.encode(), service.api_key.encode()):
-            raise HTTPException(403, "wrong API key")
-
-    keyed = [Depends(require_key)]
+    app.add_middleware(GuardRequests, service=service)
 
     @app.get("/")
     def root() -> dict:
@@ -497,7 +571,7 @@ def create_app(service: Service) -> FastAPI:
     def health() -> dict:
         return {"status": "healthy"}
 
-    @app.get("/resources", dependencies=keyed)
+    @app.get("/resources")
     def resources() -> dict:
         live = service.manager.list()
         total = {"cpu": float(os.cpu_count() or 1), "memory_bytes": host_memory()}
@@ -513,17 +587,17 @@ def create_app(service: Service) -> FastAPI:
             "sandbox_pods": [s.sandbox_id for s in live],
         }
 
-    @app.post("/sandboxes", dependencies=keyed)
+    @app.post("/sandboxes")
     async def create(body: CreateSandbox) -> dict:
         return await service.create(body)
 
-    @app.post("/pools", dependencies=keyed)
+    @app.post("/pools")
     async def warm(body: PoolBody) -> dict:
         """Extension: keep `size` sandboxes of this kind ready; creates with the same fields take one."""
         await run_in_threadpool(service.manager.pools.warm, spec_of(body), body.size)
         return {"status": "ok", "image": body.image, "size": body.size}
 
-    @app.get("/pools", dependencies=keyed)
+    @app.get("/pools")
     def pools() -> dict:
         sizes = service.manager.pools.sizes()
         return {
@@ -532,50 +606,50 @@ def create_app(service: Service) -> FastAPI:
             ]
         }
 
-    @app.get("/sandboxes", dependencies=keyed)
+    @app.get("/sandboxes")
     def list_sandboxes() -> dict:
         return {"sandboxes": [service.describe(s) for s in service.manager.list()]}
 
-    @app.get("/sandboxes/{sandbox_id}", dependencies=keyed)
+    @app.get("/sandboxes/{sandbox_id}")
     async def get_sandbox(sandbox_id: str) -> dict:
         return await service.info(sandbox_id)
 
-    @app.get("/sandboxes/{sandbox_id}/wait", dependencies=keyed)
+    @app.get("/sandboxes/{sandbox_id}/wait")
     async def wait_sandbox(sandbox_id: str, timeout: Annotated[float, Query(ge=0)] = 300.0) -> Response:
         info = await service.wait(sandbox_id, timeout)
         if info["status"] == "pending":
             return JSONResponse({"detail": f"sandbox {sandbox_id} not ready within {timeout:g} s"}, 408)
         return JSONResponse(info)
 
-    @app.delete("/sandboxes/{sandbox_id}", dependencies=keyed)
+    @app.delete("/sandboxes/{sandbox_id}")
     async def delete_sandbox(sandbox_id: str) -> dict:
         await service.delete(sandbox_id)
         return {"status": "deleted", "sandbox_id": sandbox_id}
 
-    @app.post("/sandboxes/{sandbox_id}/heartbeat", dependencies=keyed)
+    @app.post("/sandboxes/{sandbox_id}/heartbeat")
     async def heartbeat(sandbox_id: str) -> dict:
         await service.info(sandbox_id)
         service.heartbeats[sandbox_id] = time.time()
         return {"status": "ok", "sandbox_id": sandbox_id}
 
-    @app.post("/sandboxes/{sandbox_id}/exec", dependencies=keyed)
-    async def exec_command(sandbox_id: str, body: ExecBody) -> Response:
-        job = await service.submit(sandbox_id, body)
+    @app.post("/sandboxes/{sandbox_id}/exec")
+    async def exec_command(sandbox_id: str, body: ExecBody, request: Request) -> Response:
+        job = await service.submit(sandbox_id, body, request.client.host if request.client else "")
         if not body.wait:
             return JSONResponse({"job_id": job.job_id, "status": "queued"})
         # JSONResponse straight away: the hot path skips response-model validation
         return JSONResponse((await service.wait_job(job.job_id, body.timeout_seconds + 30)).public())
 
-    @app.delete("/sandboxes/{sandbox_id}/shell", dependencies=keyed)
+    @app.delete("/sandboxes/{sandbox_id}/shell")
     async def close_session(sandbox_id: str, session: str = "default") -> dict:
         closed = await asend(await service.agent(sandbox_id), AgentCalls().close_session(session))
         return {"session": session, "closed": closed}
 
-    @app.get("/jobs/{job_id}", dependencies=keyed)
+    @app.get("/jobs/{job_id}")
     async def get_job(job_id: str) -> Response:
         return JSONResponse((await service.wait_job(job_id, 0)).public())
 
-    @app.get("/jobs/{job_id}/wait", dependencies=keyed)
+    @app.get("/jobs/{job_id}/wait")
     async def wait_job(job_id: str, timeout: Annotated[float, Query(ge=0)] = 300.0) -> Response:
         return JSONResponse((await service.wait_job(job_id, timeout)).public())
 
@@ -598,13 +672,13 @@ def create_app(service: Service) -> FastAPI:
             return
         await relay_terminal(websocket, reader, writer)
 
-    @app.post("/sandboxes/{sandbox_id}/apply_patch", dependencies=keyed)
+    @app.post("/sandboxes/{sandbox_id}/apply_patch")
     async def apply_patch(sandbox_id: str, body: PatchBody) -> dict:
         agent = await service.agent(sandbox_id)
         result = await asend(agent, AgentCalls().apply_patch(body.patch, body.timeout_seconds))
         return dataclasses.asdict(result)
 
-    @app.post("/sandboxes/{sandbox_id}/files", dependencies=keyed)
+    @app.post("/sandboxes/{sandbox_id}/files")
     async def upload(sandbox_id: str, body: FileBody) -> dict:
         try:
             data = base64.b64decode(body.content, validate=True)
@@ -616,22 +690,35 @@ def create_app(service: Service) -> FastAPI:
         size = await asend(agent, AgentCalls().write_file(body.path, data, body.mode))
         return {"success": True, "path": body.path, "size": size}
 
-    @app.get("/sandboxes/{sandbox_id}/files", dependencies=keyed)
+    @app.get("/sandboxes/{sandbox_id}/files")
     async def download(sandbox_id: str, path: str) -> dict:
-        data = await asend(await service.agent(sandbox_id), AgentCalls().read_file(path))
+        agent = await service.agent(sandbox_id)
+        call = AgentCalls().read_file(path, service.max_file_read_bytes)
+        advice = f"read a larger file as a tar: GET /sandboxes/{sandbox_id}/archive?path=..."
+        data = await asend(agent, dataclasses.replace(call, advice=advice))
         return {"path": path, "content": base64.b64encode(data).decode(), "size": len(data)}
 
-    @app.get("/sandboxes/{sandbox_id}/files/list", dependencies=keyed)
+    @app.get("/sandboxes/{sandbox_id}/files/list")
     async def list_files(sandbox_id: str, path: str = ".") -> dict:
         entries = await asend(await service.agent(sandbox_id), AgentCalls().list_files(path))
         return {"path": path, "files": [dataclasses.asdict(e) for e in entries]}
 
-    @app.get("/sandboxes/{sandbox_id}/archive", dependencies=keyed)
+    @app.get("/sandboxes/{sandbox_id}/archive")
     async def get_archive(sandbox_id: str, path: str) -> Response:
-        tar = await asend(await service.agent(sandbox_id), AgentCalls().get_archive(path))
-        return Response(tar, media_type="application/x-tar")
+        """The tar, spooled to an unnamed temporary file (never held in memory), then streamed."""
+        agent = await service.agent(sandbox_id)
+        advice = "archive a smaller folder, or pack it in the sandbox and fetch the parts"
+        with contextlib.ExitStack() as on_error:
+            tar = on_error.enter_context(tempfile.TemporaryFile())
+            call = AgentCalls().get_archive(path, tar, service.max_archive_read_bytes)
+            await asend(agent, dataclasses.replace(call, advice=advice))
+            size = tar.seek(0, os.SEEK_END)
+            tar.seek(0)
+            on_error.pop_all()  # from here on the response closes it
+        headers = {"Content-Length": str(size)}
+        return StreamingResponse(_chunks_of(tar), media_type="application/x-tar", headers=headers)
 
-    @app.put("/sandboxes/{sandbox_id}/archive", dependencies=keyed)
+    @app.put("/sandboxes/{sandbox_id}/archive")
     async def put_archive(sandbox_id: str, path: str, request: Request) -> dict:
         tar = await request.body()
         if len(tar) > service.max_upload_bytes:
@@ -639,6 +726,13 @@ def create_app(service: Service) -> FastAPI:
         return await asend(await service.agent(sandbox_id), AgentCalls().put_archive(path, tar))
 
     return app
+
+
+def _chunks_of(file: BinaryIO) -> Iterator[bytes]:
+    """A file's content in 1 MiB chunks, closing it at the end (or when the client goes)."""
+    with file:
+        while chunk := file.read(2**20):
+            yield chunk
 
 
 async def relay_terminal(websocket: WebSocket, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -677,8 +771,19 @@ async def relay_terminal(websocket: WebSocket, reader: asyncio.StreamReader, wri
         writer.close()
 
 
-class RefuseHugeBodies:
-    """Refuse an upload from its Content-Length, before reading it (base64 JSON is 4/3 larger).
+OPEN_PATHS = frozenset({"/", "/health"})
+"""The only routes that need no key."""
+
+
+class GuardRequests:
+    """The API key and the body cap, checked before a route reads a byte of the body.
+
+    FastAPI reads and parses a body before it solves a route's dependencies, so the key is checked
+    here, from the headers alone: 401 missing, 403 wrong. A body is refused from its
+    Content-Length, and one sent chunked is counted as it arrives and cut off past the cap (base64
+    JSON is 4/3 larger than the upload it carries). Each refusal closes the connection, so the rest
+    of the body is never read. The WebSocket route checks its key itself (browsers cannot set
+    headers on one).
 
     A plain ASGI middleware: Starlette's BaseHTTPMiddleware would cost every request a task.
     """
@@ -687,14 +792,52 @@ class RefuseHugeBodies:
         self.app, self.service = app, service
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            limit = self.service.max_upload_bytes * 4 // 3 + 2**16
-            for name, value in scope["headers"]:
-                if name == b"content-length" and value.isdigit() and int(value) > limit:
-                    detail = _too_large(self.service.max_upload_bytes).detail
-                    await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            status, detail = refusal
+            await JSONResponse({"detail": detail}, status, {"Connection": "close"})(scope, receive, send)
+            return
+        await self.app(scope, self._capped(receive), send)
+
+    def _refusal(self, scope: dict) -> tuple[int, str] | None:
+        key = length = None
+        for name, value in scope["headers"]:
+            if name == b"x-api-key":
+                key = value
+            elif name == b"content-length":
+                length = value
+        expected = self.service.api_key
+        if expected is not None and scope["path"] not in OPEN_PATHS:
+            if not key:
+                return 401, "missing X-API-Key header"
+            if not hmac.compare_digest(key, expected.encode()):
+                return 403, "wrong API key"
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return 413, _too_large(self.service.max_upload_bytes).detail
+        return None
+
+    @property
+    def limit(self) -> int:
+        """Most bytes of body a request may send."""
+        return self.service.max_upload_bytes * 4 // 3 + 2**16
+
+    def _capped(self, receive: Any) -> Any:
+        """`receive`, raising 413 (and closing the connection) once the body passes the cap."""
+        received, limit = 0, self.limit
+
+        async def capped() -> dict:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > limit:  # FastAPI re-raises an HTTPException from its body parsing
+                too_large = _too_large(self.service.max_upload_bytes)
+                raise HTTPException(413, too_large.detail, headers={"Connection": "close"})
+            return message
+
+        return capped
 
 
 def _too_large(limit: int) -> HTTPException:
@@ -721,6 +864,8 @@ def _add_error_handlers(app: FastAPI) -> None:
             return detail(404, str(exc))
         if isinstance(exc, Conflict):
             return detail(409, str(exc))
+        if isinstance(exc, TooLarge):
+            return detail(413, str(exc))
         if isinstance(exc, InvalidRequest | ConfigError):
             return detail(400, str(exc))
         if isinstance(exc, Overloaded):
@@ -739,14 +884,13 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def load_or_create_key() -> str:
-    """The service's API key: ORCHARD_API_KEY, else one stored (0600) in ORCHARD_HOME."""
+    """The service's API key: ORCHARD_API_KEY, else one stored (0600) in ORCHARD_HOME (0700)."""
     configured = settings().api_key
     if configured:
         return configured
-    path = settings().home / "api_key"
-    with contextlib.suppress(FileNotFoundError):
-        return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = private_folder(settings().home) / "api_key"
+    if path.exists():
+        return private_file(path).read_text().strip()  # tightened if an older Orchard left it wider
     key = secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -757,12 +901,23 @@ def load_or_create_key() -> str:
 def write_state(url: str, api_key: str) -> None:
     """Record where this service runs (mode 0600) so `orchard` and the SDK find it."""
     path = settings().service_state
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(path.parent)
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump({"pid": os.getpid(), "url": url, "api_key": api_key, "started_at": time.time()}, f)
     os.replace(tmp, path)
+
+
+def read_key_file(path: Path) -> str:
+    """The API key in `path` (a key is never passed on a command line: any user can read argv)."""
+    try:
+        key = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the API key file {path}: {exc.strerror or exc}") from None
+    if not key:
+        raise ConfigError(f"the API key file {path} is empty; write the key in it")
+    return key
 
 
 def serve(

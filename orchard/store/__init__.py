@@ -1,8 +1,9 @@
 """The store: one database for everything Orchard does.
 
-SQLite in WAL mode at `$ORCHARD_HOME/orchard.db` by default; `ORCHARD_DB_URL` takes any
-SQLAlchemy URL (PostgreSQL when several hosts or replicas write). Every write is one short
-transaction (`with session(...)`), so a crash never leaves a half-written row.
+SQLite in WAL mode at `$ORCHARD_HOME/orchard.db` by default (mode 0600, its -wal and -shm too);
+`ORCHARD_DB_URL` takes any SQLAlchemy URL (PostgreSQL when several hosts or replicas write).
+Every write is one short transaction (`with session(...)`), so a crash never leaves a
+half-written row.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, create_engine
 
-from orchard.config import settings
+from orchard.config import private_file, private_folder, settings
 from orchard.store.tables import (
     ExecRecord,
     MetricRecord,
@@ -69,10 +70,10 @@ def _create(url: str) -> Engine:
     """The engine, with the tables created; processes that start together take turns at that."""
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///"))
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _private_store(path)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _tune_sqlite)
-        with open(path.with_name(path.name + ".lock"), "a") as lock:
+        with open(private_file(path.with_name(path.name + ".lock")), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             SQLModel.metadata.create_all(engine)
         return engine
@@ -82,6 +83,22 @@ def _create(url: str) -> Engine:
             connection.execute(text("SELECT pg_advisory_xact_lock(4674246)"))  # "ORCH"
         SQLModel.metadata.create_all(connection)
     return engine
+
+
+def _private_store(path: Path) -> None:
+    """The SQLite file made 0600 before SQLite opens it (its -wal and -shm take the file's mode).
+
+    Its folder is made 0700 when new; ORCHARD_HOME is tightened to 0700 too, but a folder of the
+    operator's own choosing (ORCHARD_DB_URL) is left as it is.
+    """
+    if path.parent.resolve() == settings().home.resolve():
+        private_folder(path.parent)
+    else:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_file(path)
+    for journal in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if journal.exists():  # left by an older Orchard, perhaps wider
+            private_file(journal)
 
 
 @contextmanager

@@ -40,13 +40,14 @@ def sandbox_id(http, base_image):
 
 
 def test_open_routes_and_auth(service):
-    url, _key = service
+    url, key = service
     assert httpx.get(f"{url}/").json()["status"] == "running"
     assert httpx.get(f"{url}/health").json() == {"status": "healthy"}
     assert httpx.get(f"{url}/resources").status_code == 401
     assert httpx.get(f"{url}/resources", headers={"X-API-Key": "wrong"}).status_code == 403
-    for route in ("/docs", "/openapi.json"):  # nothing else is open
-        assert httpx.get(f"{url}{route}").status_code == 404
+    for route in ("/docs", "/openapi.json"):  # nothing else is open, nor even said to exist without the key
+        assert httpx.get(f"{url}{route}").status_code == 401
+        assert httpx.get(f"{url}{route}", headers={"X-API-Key": key}).status_code == 404
     with pytest.raises(AuthError), Client(url=url, api_key="wrong") as client:
         client.create("orchard/base:bookworm")
 
