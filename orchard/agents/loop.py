@@ -148,15 +148,22 @@ def _step(episode: Episode, index: int, harness: Harness, model: ModelSession, b
 
 PATCH_SCRIPT = (
     'index="$(mktemp)" && cp "$(git rev-parse --git-path index)" "$index" 2>/dev/null; '
-    'GIT_INDEX_FILE="$index" git add -A && GIT_INDEX_FILE="$index" git diff --cached --binary HEAD; '
+    'GIT_INDEX_FILE="$index" git -c core.hooksPath=/dev/null add -A && GIT_INDEX_FILE="$index" git '
+    "-c core.hooksPath=/dev/null diff --cached --binary --no-color --no-ext-diff --no-textconv "
+    "--src-prefix=a/ --dst-prefix=b/ HEAD; "
     'status=$?; rm -f "$index"; exit $status'
 )
 """`git add -A && git diff --cached HEAD` on a copy of the index, so taking a diff changes nothing
-the agent (or a replay) sees: staged state, `git checkout -- .` and `git stash` behave as before."""
+the agent (or a replay) sees: staged state, `git checkout -- .` and `git stash` behave as before.
+The options keep the diff plain whatever the repository's configuration says (no colour, no
+external diff or textconv driver, the usual `a/` `b/` prefixes)."""
 
 
 def working_tree_patch(box: Sandbox, workdir: str) -> str:
-    """Everything changed in the repository, untracked files included, as one git diff."""
+    """Everything changed in the repository, untracked files included, as one git diff.
+
+    It is what the sandbox answers, so it is untrusted: the agent may have replaced `git` there
+    and hand back any text. The grader reads every patch as such (`orchard.tasks.grading`)."""
     try:
         result = box.exec(PATCH_SCRIPT, cwd=workdir, timeout=120)
     except OrchardError:

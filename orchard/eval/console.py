@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from orchard.eval.report import flagged
 from orchard.store import ResultRecord
 
 
@@ -46,13 +47,17 @@ class EvalProgress:
 
 
 def results_table(summary: dict[str, Any], title: str) -> Table:
-    """One row per harness: resolve rate, pass@k, pass^k, steps, tokens, outcomes."""
+    """One row per harness: resolve rate, suspicious attempts (when there are any), pass@k, pass^k,
+    steps, tokens, outcomes."""
     harnesses = summary["harnesses"]
     k_max = max((len(h["pass_at_k"]) for h in harnesses.values()), default=1)
+    any_flagged = any(h.get("suspicious") for h in harnesses.values())
     table = Table(title=title)
     table.add_column("harness")
     table.add_column("resolved", justify="right")
     table.add_column("rate", justify="right")
+    if any_flagged:
+        table.add_column("suspicious", justify="right", no_wrap=True)
     if k_max > 1:
         table.add_column(f"pass@{k_max}", justify="right")
         table.add_column(f"pass^{k_max}", justify="right")
@@ -61,6 +66,8 @@ def results_table(summary: dict[str, Any], title: str) -> Table:
     table.add_column("outcomes")
     for name, row in harnesses.items():
         cells = [name, f"{row['resolved']}/{row['attempts']}", f"{row['resolve_rate']:.1%}"]
+        if any_flagged:
+            cells.append(flagged(row))
         if k_max > 1:
             k = str(len(row["pass_at_k"]))
             cells += [f"{row['pass_at_k'][k]:.1%}", f"{row['pass_hat_k'][k]:.1%}"]

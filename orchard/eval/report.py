@@ -12,13 +12,17 @@ def write_report(folder: Path, summary: dict[str, Any], title: str) -> Path:
     """`report.md` plus `resolve_rate.png` and `outcomes.png` in `folder`; the Markdown's path."""
     harnesses = summary["harnesses"]
     plots = _plots(folder, harnesses) if harnesses else []
-    lines = [f"# {title}", "", "| harness | resolved | rate | pass@k | pass^k | steps | tokens | outcomes |"]
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines = [
+        f"# {title}",
+        "",
+        "| harness | resolved | rate | suspicious | pass@k | pass^k | steps | tokens | outcomes |",
+    ]
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for name, row in harnesses.items():
         k = str(len(row["pass_at_k"]))
         outcomes = ", ".join(f"{kind} {count}" for kind, count in row["outcomes"].items())
         lines.append(
-            f"| {name} | {row['resolved']}/{row['attempts']} | {row['resolve_rate']:.1%} "
+            f"| {name} | {row['resolved']}/{row['attempts']} | {row['resolve_rate']:.1%} | {flagged(row)} "
             f"| {row['pass_at_k'][k]:.1%} (k={k}) | {row['pass_hat_k'][k]:.1%} | {row['mean_steps']:.1f} "
             f"| {row['mean_tokens']:.0f} | {outcomes} |"
         )
@@ -30,10 +34,25 @@ def write_report(folder: Path, summary: dict[str, Any], title: str) -> Path:
         f"{report['empty_patch_instances']} empty patches (`report.json`).",
         "",
     ]
+    flagged_attempts = summary.get("suspicious") or []
+    if flagged_attempts:
+        lines += ["## Suspicious attempts", ""]
+        lines += ["The grader flagged these: their patches reach for the test run. A resolved one counts as resolved"]
+        lines += ["above; check it before trusting it.", ""]
+        lines += [f"* `{a['id']}` ({a['outcome']}): {'; '.join(a['reasons'])}" for a in flagged_attempts]
+        lines.append("")
     lines += [f"![{plot.stem}]({plot.name})" for plot in plots]
     path = folder / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def flagged(row: dict[str, Any]) -> str:
+    """A harness row's suspicious attempts: `2 (1 resolved)`, or `0` (`-` for runs made before the count)."""
+    if "suspicious" not in row:
+        return "-"
+    count, resolved = row["suspicious"], row.get("suspicious_resolved", 0)
+    return f"{count} ({resolved} resolved)" if count else "0"
 
 
 def _plots(folder: Path, harnesses: dict[str, Any]) -> list[Path]:

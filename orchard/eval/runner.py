@@ -203,7 +203,9 @@ def _attempt(
 
 def summarize(results: Sequence[ResultRecord], task_ids: Sequence[str]) -> dict[str, Any]:
     """Per harness: resolve rate, pass@k and pass^k for k up to the samples, steps, tokens,
-    outcomes by kind; and SWE-bench's report for sample 0 of the first harness."""
+    outcomes by kind, how many attempts the grader flagged as suspicious (and of those, how many
+    resolved: they count as resolved, flagged, so a reader sees them and can take them out); the
+    flagged attempts with their reasons; and SWE-bench's report for sample 0 of the first harness."""
     harnesses: dict[str, list[ResultRecord]] = {}
     for record in results:
         harnesses.setdefault(record.harness, []).append(record)
@@ -217,10 +219,13 @@ def summarize(results: Sequence[ResultRecord], task_ids: Sequence[str]) -> dict[
         outcomes: dict[str, int] = {}
         for record in records:
             outcomes[record.outcome] = outcomes.get(record.outcome, 0) + 1
+        flagged = [r for r in records if suspicious_of(r)]
         table[harness] = {
             "attempts": len(records),
             "tasks": len(per_task),
             "resolved": sum(r.resolved for r in records),
+            "suspicious": len(flagged),
+            "suspicious_resolved": sum(r.resolved for r in flagged),
             "resolve_rate": sum(r.resolved for r in records) / len(records),
             "pass_at_k": {str(k): mean_over_tasks(per_task, k, pass_at_k) for k in range(1, k_max + 1)},
             "pass_hat_k": {str(k): mean_over_tasks(per_task, k, pass_hat_k) for k in range(1, k_max + 1)},
@@ -233,4 +238,16 @@ def summarize(results: Sequence[ResultRecord], task_ids: Sequence[str]) -> dict[
     return {
         "harnesses": table,
         "report": swebench_report(task_ids, outcomes_0),
+        "suspicious": [
+            {"id": r.id, "outcome": r.outcome, "reasons": suspicious_of(r)} for r in results if suspicious_of(r)
+        ],
     }
+
+
+def suspicious_of(record: ResultRecord) -> list[str]:
+    """Why the grader flagged an attempt (`Grade.suspicious`); none for records made before it did."""
+    try:
+        reasons = json.loads(record.grade or "{}").get("suspicious") or []
+    except (ValueError, AttributeError):
+        return []
+    return [str(reason) for reason in reasons] if isinstance(reasons, list) else []

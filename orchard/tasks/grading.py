@@ -1,28 +1,59 @@
 """Grading: does a patch resolve a task? Decided by the task's tests in a fresh sandbox.
 
-The patch (what an agent changed, or a prediction) is applied to a fresh checkout of the task's
-image; every file the test patch touches is then reset to `base_commit` and the test patch applied
-on top, so an agent can neither weaken nor delete the tests that judge it. Then FAIL_TO_PASS and
-PASS_TO_PASS run in one test command, and each test's outcome is read from pytest's `-rA` summary
-(a test that does not appear there counts as failed). Resolved means every FAIL_TO_PASS and
-every PASS_TO_PASS test passed.
+The patch (what an agent changed, or a prediction) is untrusted input, whoever made it: an agent
+can replace `git` in its own sandbox and submit any text. So it is read on this host first, every
+header form `git apply` or `patch` honours (`diff --git`, `---`/`+++`, `***`, `Index:`, renames,
+copies, modes; past the indentation, `X` and `- ` dash escapes `patch` skips; a mode as either
+applier parses it), and refused (`patch_failed`, with the reason) when any name it carries is
+under `.git`, absolute, or climbs out with `..`, or when it makes a link that points out of the
+tree or into `.git`. What passes is applied to a fresh checkout of the task's image (`git apply`,
+else `patch --unified --fuzz`, for model patches with fuzz), and then held to what was read, in the
+sandbox, before any `git` runs again (`check_applied`): the tree (`.git` included) is listed
+before and after applying, and the patch is refused when anything changed that it does not
+declare, or when any new or changed link points out of the tree or into `.git` (a link a rename
+moved, a mode spelling, a write through a link in the tree). Every path it touched that is test
+infrastructure (`orchard.tasks.infra`: tests, conftest.py, pytest's config files, packaging
+metadata, the runner the test command names, not what the task's own fix changes) is reset to
+`base_commit`, or removed where `base_commit` has none, never through a link; then every file the
+test patch touches is reset too and the test patch applied on top. Git runs with hooks and
+fsmonitor disabled, without system or global configuration, throughout.
+
+FAIL_TO_PASS and PASS_TO_PASS run in one test command (`test_command`): `python -m pytest` starts
+with the working tree at the end of `sys.path`, not the front, and the standard modules pytest
+imports after its import mode has put the root conftest's folder first (`pdb`, `doctest`, ...)
+are imported before (`RUNNER`), so nothing in the tree can stand in for the runner or for them;
+compiled files in the tree (`__pycache__`, `*.pyc`: planted ones would be imported in place
+of their source) are deleted before the run. Each test's outcome is
+read from a JUnit XML report written to a fresh random folder outside the working tree
+(`read_report`; a test the report does not name counts as failed). Resolved means every
+FAIL_TO_PASS and every PASS_TO_PASS test passed in the report *and* the runner exited 0.
+
+Library code runs inside the test process, so a fix can still monkeypatch the tests or the report
+from its own code at import. That is not prevented but flagged: `Grade.suspicious` lists what in
+the patch reaches for the test run (`TaskInfra.suspicious`), and a report that disagrees with the
+runner's exit status. A flagged grade keeps its outcome (the heuristics also flag honest fixes,
+pytest's own say, so they must not decide a score alone); reports count flagged ones separately.
 
 Every way of not resolving is an outcome, never an exception: `empty_patch`, `patch_failed` (it
-does not apply), `unresolved` (tests ran), `timeout` (the tests hung), `error` (the test patch
-does not apply, the sandbox died, the image could not be built: the task or the machine is at
-fault, not the patch).
+does not apply, or it is refused), `unresolved` (tests ran), `timeout` (the tests hung), `error`
+(the test patch does not apply, the sandbox died, the image could not be built: the task or the
+machine is at fault, not the patch).
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
+import secrets
 import shlex
 import time
+import xml.etree.ElementTree as ElementTree
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from orchard.errors import OrchardError
+from orchard.errors import InvalidRequest, NotFound, OrchardError
+from orchard.tasks.infra import TaskInfra
 
 if TYPE_CHECKING:
     from orchard.env.client import Client, Sandbox
@@ -34,9 +65,62 @@ TestStatus = Literal["PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS", "
 PATCH_FILE = "/tmp/orchard-model.patch"
 TEST_PATCH_FILE = "/tmp/orchard-test.patch"
 DEFAULT_TEST_TIMEOUT = 900.0
+REPORT_LIMIT = 32 * 1024 * 1024
+GIT = (
+    "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null "
+    "git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c safe.directory='*' --literal-pathspecs"
+)
+"""Git as the grader runs it: no hook and no fsmonitor runs, whatever the tree holds, only the
+repository's own configuration is read (`check_applied` proves the patch left it as the image has
+it; `safe.directory`, which images set globally, is given here); paths are never patterns."""
+TREE_BEFORE = "/tmp/orchard-tree.before"
+_LISTING = "find . -printf '%y %i %s %m %C@ %p\\0' | LC_ALL=C sort -z"
+"""Every entry of the working tree, `.git` included, with what any write changes (inode, size,
+mode, change time: `patch` and `git` write a new file, and no applier can set a change time)."""
+APPLY = (
+    f"{_LISTING} > {TREE_BEFORE} && "
+    f"{{ {GIT} apply --verbose {PATCH_FILE} || "
+    f"patch --batch --unified --fuzz=5 -p1 --no-backup-if-mismatch --reject-file=- -i {PATCH_FILE}; }}"
+)
+"""`git apply`, else `patch` (GNU's refuses `..` and absolute names, but not `.git`, so both run
+only on what `read_patch` let through); `--unified` keeps `patch` to the form `read_patch`
+follows hunk by hunk, and never hands an ed script to `ed`. The tree is listed first, for
+`check_applied`: nothing of the patch's has run yet."""
+CHANGED = (
+    f"{_LISTING} > {TREE_BEFORE}.after && LC_ALL=C comm -z -3 {TREE_BEFORE} {TREE_BEFORE}.after && "
+    "printf 'LINKS\\0' && find . -path ./.git -prune -o -type l -printf '%P\\0%l\\0' && printf 'END\\0'"
+)
+"""What the appliers changed (entries in one listing and not the other), then every link in the
+tree and its target. Only `find`, `sort` and `comm` run: nothing the patch could have written."""
+RUNNER = (
+    "import os, sys; cwd = os.getcwd(); "
+    "sys.path[:] = [p for p in sys.path if p not in ('', '.', cwd)] + [cwd]; "
+    "import pytest, pdb, cmd, code, codeop, doctest, faulthandler; sys.exit(pytest.main())"
+)
+"""`python -m pytest`, with the working tree last on `sys.path` instead of first (any Python 3).
+pytest's default import mode then puts the root conftest's folder first, and imports `pdb` (with
+`cmd`, `code`, `codeop`), `doctest` and `faulthandler` only after that: they are imported before,
+so a `pdb.py` in the tree is never taken for them (measured with pytest 7 on a failing, skipping,
+xfailing, warning run: nothing else of the standard library is imported that late)."""
+_PYTEST_MODULE = re.compile(r"\b(python[\d.]*)\s+-m\s+pytest\b")
 _SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+)(?:\s+-\s.*)?$")
 _STATUSES = frozenset({"PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS"})
 _DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+MAX_NAME = 4096
+MAX_SPACES = 64
+"""A header's name is read as each of its first `MAX_SPACES` splits at a space, within `MAX_NAME`."""
+_HEADER = re.compile(
+    r"diff --git |(?:---|\+\+\+|\*\*\*)[ \t]|Index:|==== |rename (?:from|to|old|new) |copy (?:from|to) "
+)
+"""Lines that name files, to `git apply` or to `patch` (GNU or BSD)."""
+_OLD_NAME = re.compile(r"^(?:---|\*\*\*)[ \t]")
+_NEW_NAME = re.compile(r"^\+\+\+[ \t]")
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+_RANGE = re.compile(r"^[\d,]+ (?:\*{4}|-{4})$")
+_LEAD = re.compile(r"[ \tX]*(?:- )*")
+"""What `patch` skips before a header: indentation, `X`, and RFC 934 dash escapes (`- --- name`)."""
+_MODE = re.compile(r"(?:new file mode|new mode|old mode|deleted file mode|index [0-9a-fA-F]*\.\.[0-9a-fA-F]*) ")
+_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
 
 
 @dataclass
@@ -51,6 +135,8 @@ class Grade:
     error: str | None = None
     log: str = ""
     duration: float = 0.0
+    suspicious: list[str] = field(default_factory=list)
+    """Why the patch looks like it reaches for the test run; empty when nothing does."""
 
     @property
     def resolved(self) -> bool:
@@ -60,9 +146,179 @@ class Grade:
         return {**asdict(self), "resolved": self.resolved}
 
 
+class PatchRefused(InvalidRequest):
+    """A patch that could write outside the task's files: under .git, out of the tree, through a link."""
+
+
+@dataclass
+class PatchFiles:
+    """What a patch touches, as read on this host before anything applies it."""
+
+    paths: list[str]
+    """Every path an applier could write or delete for it (a superset: each name in every form)."""
+    added: dict[str, list[str]]
+    """Each changed file's added lines."""
+
+
+def read_patch(patch: str) -> PatchFiles:
+    """The paths a patch touches and the lines it adds; `PatchRefused` when it may not be applied.
+
+    Every line that either applier could take for a header is checked, inside hunks too (a name
+    there is refused only when it is dangerous, and a harmless one only widens `paths`), read as
+    `patch` reads it: past indentation, `X` and dash escapes. This is the first check, not the
+    last: `check_applied` holds the appliers to these paths."""
+    paths: list[str] = []
+    sections: list[tuple[str, list[str], bool, bool]] = []  # (path, added lines, is a link, binary)
+    path, added, link, binary, fresh = "", [], False, False, False
+    old = new = indent = 0  # lines left in the current unified hunk, and its indentation
+    for raw in patch.split("\n"):
+        line = raw.removesuffix("\r")
+        names = _names(line)
+        for name in names:
+            _check_name(name)
+            paths += [p for p in (_clean(name), _clean(_strip(name))) if p and p not in paths]
+        if old > 0 or new > 0:
+            body = line[indent:] if not line[:indent].strip(" \tX") else line
+            tag = body[:1]
+            if tag in ("", " ", "-", "+", "\\"):
+                old -= tag in ("", " ", "-")
+                new -= tag in ("", " ", "+")
+                if tag == "+":
+                    added.append(body[1:])
+                continue
+            old = new = 0  # not a hunk line: the hunk is over (an applier calls it corrupt)
+        head = line[_LEAD.match(line).end() :]  # type: ignore[union-attr]  # it matches the empty string
+        hunk = _HUNK.match(head)
+        starts = head.startswith("diff --git ") or (_OLD_NAME.match(head) and not fresh and not _RANGE.match(head[4:]))
+        if hunk or head.startswith("***************"):
+            old, new = (int(n) if n is not None else 1 for n in hunk.groups()) if hunk else (0, 0)
+            indent, fresh = len(line) - len(line.lstrip(" \tX")), False
+        elif starts:
+            sections.append((path, added, link, binary))
+            path, added, link, binary, fresh = _section_path(names), [], False, False, True
+        elif _NEW_NAME.match(head) and names:
+            path = _clean(_strip(names[0]))
+        elif _makes_link(head):
+            link = True
+        elif head.startswith("GIT binary patch"):
+            binary = True
+        elif head.startswith(("+ ", "! ")):  # a context diff's new or changed line
+            added.append(head[2:])
+    sections.append((path, added, link, binary))
+    changed: dict[str, list[str]] = {}
+    for path, lines, is_link, is_binary in sections:
+        if is_link:
+            _check_link(path, lines, is_binary)
+        if path:
+            changed.setdefault(path, []).extend(lines)
+    return PatchFiles(paths, changed)
+
+
+def _makes_link(head: str) -> bool:
+    """Whether a git header line gives a link's mode, as `git apply` reads it (`strtoul`: spaces,
+    a sign, any number of octal digits: `0120000`) or `patch` does (spaces, six octal digits); a
+    link whichever reads it so."""
+    key = _MODE.match(head)
+    if key is None:
+        return False
+    rest = head[key.end() :].lstrip(" \t\v\f")
+    git = re.match(r"([+-]?)([0-7]*)", rest)
+    value = int(git.group(2) or "0", 8) * (-1 if git.group(1) == "-" else 1)  # type: ignore[union-attr]
+    six = rest[:6]
+    modes = [value % (1 << 64), int(six, 8) if re.fullmatch(r"[0-7]{6}", six) else 0]
+    return any(mode & 0o170000 == 0o120000 for mode in modes)
+
+
+def _names(line: str) -> list[str]:
+    """Every name a header line could carry, as `git apply` or `patch` may read it (indented too:
+    `patch` takes an indented patch; with or without the `a/` part). Not a header: none."""
+    text = line[_LEAD.match(line).end() :]  # type: ignore[union-attr]
+    key = _HEADER.match(text)
+    if key is None:
+        return []
+    rest = text[key.end() :].strip(" \t") if key.group().startswith(("Index:", "====")) else text[key.end() :]
+    rest = rest[:MAX_NAME]  # no system opens a longer path
+    if key.group().startswith("diff"):
+        words = [w for w in rest.split(" ", MAX_SPACES) if w]
+        halves = [" ".join(words[:i]) for i in range(1, len(words))] + [" ".join(words[i:]) for i in range(len(words))]
+        names = [*_quoted(rest), *words, *halves]
+    elif rest.lstrip().startswith('"'):
+        names = _quoted(rest)
+    else:
+        name = rest.lstrip(" ").split("\t", 1)[0]
+        words = name.split(" ", MAX_SPACES)
+        names = [name, *(" ".join(words[:i]) for i in range(1, len(words)))]
+    return [n for n in (_unquote(n) for n in names) if n and n != "/dev/null"]
+
+
+def _quoted(text: str) -> list[str]:
+    return re.findall(r'"(?:[^"\\]|\\.)*"', text)
+
+
+def _unquote(name: str) -> str:
+    """Git's C-style quoting undone (`"a/\\303\\251"`); other names as they are."""
+    if not (len(name) >= 2 and name.startswith('"') and name.endswith('"')):
+        return name
+    out, body, i = bytearray(), name[1:-1], 0
+    while i < len(body):
+        char = body[i]
+        if char == "\\" and i + 1 < len(body):
+            octal = re.match(r"[0-7]{1,3}", body[i + 1 :])
+            if octal:
+                out.append(int(octal.group(), 8) & 0xFF)
+                i += 1 + len(octal.group())
+                continue
+            out.append(_ESCAPES.get(body[i + 1], ord(body[i + 1])))
+            i += 2
+            continue
+        out += char.encode()
+        i += 1
+    return out.decode("utf-8", "replace")
+
+
+def _check_name(name: str) -> None:
+    parts = name.split("/")
+    if any(ord(char) < 32 for char in name):
+        raise PatchRefused(f"the patch names a file with a control character ({name!r})")
+    if name.startswith("/") and name != "/dev/null":
+        raise PatchRefused(f"the patch writes {name}, an absolute path")
+    if ".." in parts:
+        raise PatchRefused(f"the patch writes {name}, outside the working tree")
+    if any(p.lower().rstrip(". ") in (".git", "git~1") for p in parts):
+        raise PatchRefused(f"the patch writes {name}, inside .git")
+
+
+def _strip(name: str) -> str:
+    """The name with its first part gone, as `-p1` takes it (`a/x.py` -> `x.py`)."""
+    return name.split("/", 1)[1] if "/" in name else name
+
+
+def _clean(name: str) -> str:
+    path = posixpath.normpath(name) if name and name != "/dev/null" else ""
+    return "" if path in (".", "") else path.lstrip("/")
+
+
+def _section_path(names: list[str]) -> str:
+    """The new file's path from a section's first header (`+++` may still override it)."""
+    names = [n for n in names if " " not in n] or names
+    return _clean(_strip(names[-1])) if names else ""
+
+
+def _check_link(path: str, lines: list[str], binary: bool) -> None:
+    if binary or len(lines) != 1:
+        raise PatchRefused(f"the patch makes {path} a link whose target cannot be read")
+    target = lines[0]
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+    if target.startswith("/") or resolved == ".." or resolved.startswith("../"):
+        raise PatchRefused(f"the patch makes {path} a link out of the working tree ({target})")
+    if any(p.lower().rstrip(". ") in (".git", "git~1") for p in resolved.split("/")):
+        raise PatchRefused(f"the patch makes {path} a link into .git ({target})")
+
+
 def parse_pytest_summary(log: str, known: Sequence[str] = ()) -> dict[str, str]:
     """Test id -> status from the `-rA` short summary of a pytest log. Ids in `known` are matched
-    whole, so parametrized ids with spaces (`test_x[a b]`) are found too."""
+    whole, so parametrized ids with spaces (`test_x[a b]`) are found too. For reading logs: the
+    grader reads its JUnit report instead (`read_report`), which a test cannot print its way into."""
     statuses: dict[str, str] = {}
     by_length = sorted(known, key=len, reverse=True)
     for raw in log.splitlines():
@@ -81,13 +337,57 @@ def parse_pytest_summary(log: str, known: Sequence[str] = ()) -> dict[str, str]:
 
 
 def touched_files(diff: str) -> list[str]:
-    """The files a unified git diff changes (both sides of a rename)."""
+    """The files a unified git diff changes (both sides of a rename); for the task's own diffs."""
     files: list[str] = []
     for a, b in _DIFF_FILE.findall(diff):
         for path in (a, b):
             if path not in files:
                 files.append(path)
     return files
+
+
+def test_command(task: SWETask, report: str) -> str:
+    """The command that runs the task's tests, writing a JUnit report to `report`: the one place
+    that decides how tests run (`read_report` is where they are read)."""
+    command = _PYTEST_MODULE.sub(lambda m: f"{m.group(1)} -c {shlex.quote(RUNNER)}", task.test_cmd)
+    tests = " ".join(shlex.quote(t) for t in task.tests)
+    return f"{command} --junitxml={shlex.quote(report)} -o junit_prefix= {tests}"
+
+
+def read_report(xml: bytes, known: Sequence[str]) -> dict[str, str]:
+    """Test id -> status from a JUnit XML report, for the ids in `known` (pytest names a test in it
+    by `classname` and `name`: `tests/test_a.py::TestX::test_y[1]` is `tests.test_a.TestX`,
+    `test_y[1]`). An unreadable report names nothing."""
+    if b"<!DOCTYPE" in xml or b"<!ENTITY" in xml:
+        return {}
+    try:
+        root = ElementTree.fromstring(xml)
+    except ElementTree.ParseError:
+        return {}
+    by_address = {_junit_address(test): test for test in known}
+    rank = {"PASSED": 0, "XFAIL": 1, "SKIPPED": 2, "FAILED": 3, "ERROR": 4}
+    statuses: dict[str, str] = {}
+    for case in root.iter("testcase"):
+        test = by_address.get((case.get("classname", ""), case.get("name", "")))
+        if test is None:
+            continue
+        status = "PASSED"
+        for child in case:
+            if child.tag == "skipped":
+                seen = "XFAIL" if child.get("type") == "pytest.xfail" else "SKIPPED"
+            else:
+                seen = {"failure": "FAILED", "error": "ERROR"}.get(child.tag, "PASSED")
+            status = max(status, seen, key=rank.__getitem__)
+        statuses[test] = max(statuses.get(test, status), status, key=rank.__getitem__)
+    return statuses
+
+
+def _junit_address(test: str) -> tuple[str, str]:
+    path, bracket, params = test.partition("[")
+    names = path.split("::")
+    names[0] = re.sub(r"\.py$", "", names[0].replace("/", "."))
+    names[-1] += bracket + params
+    return ".".join(names[:-1]), names[-1]
 
 
 def grade_in(box: Sandbox, task: SWETask, patch: str, *, timeout: float = DEFAULT_TEST_TIMEOUT) -> Grade:
@@ -107,41 +407,112 @@ def _grade(box: Sandbox, task: SWETask, patch: str, timeout: float, grade: Grade
     if not patch.strip():
         grade.outcome, grade.error = "empty_patch", "the patch is empty"
         return
+    try:
+        files = read_patch(patch)
+    except PatchRefused as exc:
+        grade.outcome, grade.error = "patch_failed", f"the patch is refused: {exc}"
+        return
+    judge = TaskInfra.of(task.test_cmd, touched_files(task.patch))
+    grade.suspicious = judge.suspicious(files.added)
     box.write_file(PATCH_FILE, patch if patch.endswith("\n") else patch + "\n")
-    applied = box.exec(
-        f"git apply --verbose {PATCH_FILE} || patch --batch --fuzz=5 -p1 -i {PATCH_FILE}", cwd=cwd, timeout=120
-    )
+    applied = box.exec(APPLY, cwd=cwd, timeout=120)
     if applied.exit_code != 0:
         grade.outcome, grade.error = "patch_failed", "the patch does not apply"
         grade.log = applied.stdout + applied.stderr
         return
-    if task.test_patch.strip():
-        reset = []
-        for path in touched_files(task.test_patch):
-            quoted = shlex.quote(path)
-            reset.append(
-                f"if git cat-file -e {task.base_commit}:{quoted} 2>/dev/null; "
-                f"then git checkout -q {task.base_commit} -- {quoted}; else rm -rf -- {quoted}; fi"
-            )
-        box.write_file(TEST_PATCH_FILE, task.test_patch if task.test_patch.endswith("\n") else task.test_patch + "\n")
-        setup = box.exec("\n".join([*reset, f"git apply --verbose {TEST_PATCH_FILE}"]), cwd=cwd, timeout=120)
-        if setup.exit_code != 0:
-            grade.outcome, grade.error = "error", "the task's test patch does not apply (the task is broken)"
-            grade.log = setup.stdout + setup.stderr
+    try:
+        check_applied(box, cwd, files.paths)
+    except PatchRefused as exc:
+        grade.outcome, grade.error = "patch_failed", f"the patch is refused: {exc}"
+        return
+    reset = [_reset(path, task.base_commit) for path in files.paths if path in judge]
+    if reset:
+        done = box.exec('set -e\nroot="$(pwd -P)"\n' + "\n".join(reset), cwd=cwd, timeout=120)
+        if done.exit_code != 0:
+            grade.outcome, grade.error = "error", "the test infrastructure could not be reset to base_commit"
+            grade.log = done.stdout + done.stderr
             return
-    command = f"{task.test_cmd} {' '.join(shlex.quote(t) for t in task.tests)}"
-    run = box.exec(command, cwd=cwd, timeout=timeout)
+    if task.test_patch.strip():
+        box.write_file(TEST_PATCH_FILE, task.test_patch if task.test_patch.endswith("\n") else task.test_patch + "\n")
+        setup = ['root="$(pwd -P)"', *(_reset(path, task.base_commit) for path in touched_files(task.test_patch))]
+        setup.append(f"{GIT} apply --verbose {TEST_PATCH_FILE}")
+        done = box.exec("\n".join(setup), cwd=cwd, timeout=120)
+        if done.exit_code != 0:
+            grade.outcome, grade.error = "error", "the task's test patch does not apply (the task is broken)"
+            grade.log = done.stdout + done.stderr
+            return
+    _run_tests(box, task, timeout, grade)
+
+
+def check_applied(box: Sandbox, cwd: str, paths: Sequence[str]) -> None:
+    """`PatchRefused` unless what the appliers changed in the tree is what `read_patch` read:
+    nothing under `.git`, no path but `paths` (and the folders above them), no new or changed link
+    out of the tree or into `.git`. Whatever `read_patch` missed in a patch (a header form, a mode
+    spelling, a write through a link in the tree) stops here, before any `git` reads the tree."""
+    records = box.exec(CHANGED, cwd=cwd, timeout=120).stdout.split("\0")
+    if records[-2:] != ["END", ""] or "LINKS" not in records:
+        raise PatchRefused("what the patch changed could not be listed")
+    split = records.index("LINKS")
+    allowed = {"."}  # each path and the folders above it, as `find` names them
+    for declared in paths:
+        entry = f"./{declared}"
+        while entry not in allowed:
+            allowed.add(entry)
+            entry = posixpath.dirname(entry)
+    changed = set()
+    for record in records[:split]:
+        path = record.lstrip("\t").split(" ", 5)[-1]
+        if path not in allowed:
+            raise PatchRefused(f"the patch changed {path.removeprefix('./')}, which it does not declare")
+        changed.add(path.removeprefix("./"))
+    links = records[split + 1 : -2]
+    for path, target in zip(links[0::2], links[1::2], strict=False):
+        if path in changed:
+            _check_link(path, [target], False)
+
+
+def _reset(path: str, base_commit: str) -> str:
+    """Shell: `path` as `base_commit` has it, or gone where it has none; untouched where a link
+    lies above it (what a write through that link changed has its own path, and `check_applied`
+    made sure the patch declares it). `$root` is the tree's physical path."""
+    quoted, parent = shlex.quote(path), posixpath.dirname(path)
+    guard = f'[ "$(realpath -m -- {shlex.quote(parent)})" = "$root"/{shlex.quote(parent)} ] && ' if parent else ""
+    return (
+        f"if {guard}{GIT} cat-file -e {base_commit}:{quoted} 2>/dev/null; "
+        f"then {GIT} checkout -q {base_commit} -- {quoted}; "
+        f"elif {guard}true; then rm -rf -- {quoted}; fi"
+    )
+
+
+FORGET_COMPILED = (
+    r"find . -path ./.git -prune -o \( -name __pycache__ -type d -o -name '*.py[co]' \) -exec rm -rf -- {} +"
+)
+"""Compiled files planted in the tree are never read: deleted before the tests run. (Not a cache
+prefix outside the tree: that recompiles pytest and the standard library at every grade, ~0.7 s.)"""
+
+
+def _run_tests(box: Sandbox, task: SWETask, timeout: float, grade: Grade) -> None:
+    folder = f"/tmp/orchard-grade-{secrets.token_hex(16)}"
+    report = f"{folder}/report.xml"
+    command = f"mkdir -m 700 {folder} && {FORGET_COMPILED} && {test_command(task, report)}"
+    run = box.exec(command, cwd=task.workdir, timeout=timeout)
     grade.log = run.stdout + run.stderr
     if run.timed_out:
         grade.outcome, grade.error = "timeout", f"the tests ran longer than {timeout:g} s"
         return
-    seen = parse_pytest_summary(grade.log, task.tests)
+    try:
+        seen = read_report(box.read_file(report, max_bytes=REPORT_LIMIT), task.tests)
+    except (NotFound, InvalidRequest):  # no report (pytest did not start) or a huge one
+        seen = {}
     for names, bucket in ((task.fail_to_pass, grade.fail_to_pass), (task.pass_to_pass, grade.pass_to_pass)):
         for name in names:
             grade.tests[name] = status = seen.get(name, "MISSING")
             bucket["success" if status in ("PASSED", "XPASS") else "failure"].append(name)
     failed = grade.fail_to_pass["failure"] or grade.pass_to_pass["failure"]
-    grade.outcome = "unresolved" if failed else "resolved"
+    if not failed and run.exit_code != 0:
+        grade.error = f"every test passed in the report, but the test command exited {run.exit_code}"
+        grade.suspicious.append("the test report and the runner's exit status disagree")
+    grade.outcome = "unresolved" if failed or run.exit_code != 0 else "resolved"
 
 
 def grade_patch(
