@@ -3,6 +3,15 @@
 `Client` / `AsyncClient` are the SDK; `SandboxManager` is the lifecycle underneath; backends
 (`orchard.env.backends`) create containers; `orchard.env.service` serves the Orchard Env REST API.
 Importing this package is light: Docker and FastAPI load only when used.
+
+Trust: everything inside a sandbox is hostile, the exec agent included. A process there can
+kill, stop or ptrace the agent, take its listening socket and answer in its place, so the host
+(the SDK, the manager, the service, the grader) treats every byte that comes back as untrusted
+input: every answer is bounded before it is read, large ones are streamed, archives are
+extracted only after each member is checked (regular files and folders inside the target), the
+socket is never reached through a link, and a grade is decided only by the task's own tests on
+the task's own test infrastructure. The README's security table lists each claim with the test
+that attacks it.
 """
 
 from __future__ import annotations
