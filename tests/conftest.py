@@ -125,7 +125,7 @@ def running_service(db: Path, **options) -> Iterator[tuple[str, str]]:
     import uvicorn
 
     from orchard.env.manager import SandboxManager
-    from orchard.env.service import Service, create_app
+    from orchard.env.service import UVICORN_OPTIONS, Service, create_app
 
     key = "test-key-" + os.urandom(4).hex()
     manager = SandboxManager("docker", db_url=f"sqlite:///{db}")
@@ -133,7 +133,7 @@ def running_service(db: Path, **options) -> Iterator[tuple[str, str]]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     app = create_app(Service(manager, key, **options))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **UVICORN_OPTIONS))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

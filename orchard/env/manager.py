@@ -154,7 +154,7 @@ class SandboxManager:
                 time.sleep(delay)
                 delay = min(delay * 1.5, 0.05)
         try:
-            self.backend.seal(sandbox_id)  # only the agent has run so far: nothing else to trust
+            self.backend.seal(sandbox_id)  # before any command runs; it checks what the start left there
         except SandboxError as exc:
             return self._fail(sandbox_id, str(exc))
         return self._update(sandbox_id, status="ready", ready_at=time.time())

@@ -81,6 +81,14 @@ JOB_KEEP_SECONDS = 3600.0
 """Finished jobs stay readable at least this long."""
 KEPT_OUTPUT_BYTES = 256 * 2**20
 """Memory the output of all finished jobs may take; past it the oldest jobs' output is dropped."""
+UVICORN_OPTIONS: dict[str, Any] = {
+    "timeout_keep_alive": 150,
+    "access_log": False,
+    # A client's address is the peer's: uvicorn would otherwise take X-Forwarded-For from any
+    # loopback client, so one client could name itself many and take every command slot.
+    "proxy_headers": False,
+}
+"""How `orchard up` runs uvicorn (tests run their services with the same)."""
 HEARTBEAT_SILENCE_SECONDS = 180.0
 """A sandbox that heartbeated once and then fell silent this long is reaped."""
 
@@ -946,14 +954,7 @@ def serve(
     for image, size in wanted:
         manager.pools.warm(spec_of(CreateSandbox(image=image)), size)
     service = Service(manager, key)
-    config = uvicorn.Config(
-        create_app(service),
-        host=host,
-        port=port,
-        log_level="warning",
-        timeout_keep_alive=150,
-        access_log=False,
-    )
+    config = uvicorn.Config(create_app(service), host=host, port=port, log_level="warning", **UVICORN_OPTIONS)
     write_state(f"http://{host}:{port}", key)
     service.on_close.append(_remove_state)
     try:

@@ -26,7 +26,7 @@ import docker.errors
 import httpx
 import pytest
 
-from orchard.errors import NotFound
+from orchard.errors import NotFound, SandboxError
 
 pytestmark = pytest.mark.docker
 
@@ -151,7 +151,7 @@ def test_a_non_root_operator_removes_the_run_folder_completely(docker_client, ba
         outcome = json.loads(done.stdout.strip().splitlines()[-1])
         assert outcome["left"] is False and outcome["exists"] is False
         assert f"(uid {uid}) is this operator's uid" in outcome["refused"]
-        assert [p.name for p in (home / "run").iterdir()] == ["hosts"]  # the blocked sandboxes' /etc/hosts
+        assert [p.name for p in (home / "run").iterdir()] == [".hosts"]  # the blocked sandboxes' /etc/hosts
     finally:
         shutil.rmtree(home, ignore_errors=True)
         docker_client.images.remove(same_uid_image, force=True)
@@ -191,6 +191,51 @@ def test_a_session_timeout_kills_what_the_session_started(client, base_image):
         assert result.timed_out
         assert _survivors(box) == []
         assert box.exec("echo ${X:-fresh}", session="s").stdout == "fresh\n"
+
+
+CLONE_PARENT_ESCAPE = r"""
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+pid = libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)  # clone(CLONE_PARENT | SIGCHLD): a sibling, the agent's child
+if pid == 0:
+    os.setsid()
+    os.execvp("sleep", ["sleep", "1006"])
+print("clone:", pid, os.strerror(ctypes.get_errno()) if pid < 0 else "made", flush=True)
+time.sleep(1000)
+"""
+
+
+def test_a_timeout_kills_what_clone_parent_made(client, base_image):
+    """clone(CLONE_PARENT) makes a child of the agent, outside the command's tree: seccomp refuses it."""
+    with client.create(base_image) as box:
+        result = box.exec(["python3", "-c", CLONE_PARENT_ESCAPE], timeout=3)
+        assert result.timed_out
+        assert "clone: -1 Operation not permitted" in result.stdout, result.stdout
+        assert _survivors(box) == []
+        assert box.exec("sh -c 'sleep 0 & wait' && python3 -c 'import os; os.fork() or os._exit(0)'").ok
+
+
+def test_a_run_folder_written_before_the_seal_refuses_the_sandbox(client, base_image, docker_client, tmp_path):
+    """An image whose PYTHONPATH reaches the agent's interpreter runs code before the seal, which keeps a
+    folder of its own writable in the run folder: the seal sees it and the sandbox fails, leaving nothing."""
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "base64.py").write_text(  # the agent imports base64 at start, before it listens
+        "import os, sys\n"
+        "with __import__('contextlib').suppress(OSError): os.mkdir('/.orchard-run/stash', 0o777)\n"
+        "sys.path.remove('/evil'); del sys.modules['base64']; import base64 as real; sys.modules['base64'] = real\n"
+    )
+    (tmp_path / "Dockerfile").write_text(f"FROM {base_image}\nCOPY evil /evil\nENV PYTHONPATH=/evil\n")
+    tag = f"orchard-test/pre-seal:{secrets.token_hex(4)}"
+    docker_client.images.build(path=str(tmp_path), tag=tag, network_mode="none", rm=True)
+    try:
+        with pytest.raises(SandboxError, match="instead of the agent's socket alone"):
+            client.create(tag)
+        assert not [c for c in docker_client.containers.list(all=True) if c.image.tags == [tag]]
+        run_root = client._manager.backend._run_root
+        assert not [p for p in run_root.iterdir() if (p / "stash").exists()]
+    finally:
+        docker_client.images.remove(tag, force=True)
 
 
 # -- the network of `open` sandboxes -------------------------------------------------------

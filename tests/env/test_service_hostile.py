@@ -168,7 +168,8 @@ def test_the_default_cap_holds_chunked_bodies_of_a_real_service(up):
 
 
 def test_one_client_cannot_take_every_command_slot(start_service, tmp_path, busybox_image):
-    """A client floods 8 slots with long commands; a client from another address still runs at once."""
+    """A client floods 8 slots with long commands, each naming itself another client in X-Forwarded-For;
+    a client from another address still runs at once."""
     with start_service(tmp_path / "f.db", max_running=8) as (url, key):
         headers = {"X-API-Key": key}
         with (
@@ -181,8 +182,12 @@ def test_one_client_cannot_take_every_command_slot(start_service, tmp_path, busy
             try:
                 assert flooder.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 120}).json()["ready"]
                 flood = [
-                    flooder.post(f"/sandboxes/{sandbox_id}/exec", json={"command": "sleep 120", "timeout_seconds": 120})
-                    for _ in range(20)
+                    flooder.post(
+                        f"/sandboxes/{sandbox_id}/exec",
+                        json={"command": "sleep 120", "timeout_seconds": 120},
+                        headers={"X-Forwarded-For": f"198.51.100.{i}"},  # claims no address: the peer's counts
+                    )
+                    for i in range(20)
                 ]
                 accepted = [r for r in flood if r.status_code == 200]
                 refused = [r for r in flood if r.status_code == 503]

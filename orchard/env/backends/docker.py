@@ -10,9 +10,10 @@ delete, never to run commands.
 Security profile of every container: all capabilities dropped, `no-new-privileges`, a pids limit,
 optional cpu/memory limits, optional runtime (`runsc` for gVisor), and Docker's default seccomp
 profile with `io_uring_setup`, `io_uring_enter` and `io_uring_register` denied on top (ENOSYS, as
-on a kernel without them; the rest of what no task needs, such as `bpf`, `perf_event_open`,
+on a kernel without them), and `clone` with `CLONE_PARENT` (its child would be the agent's, out of
+reach of a command's timeout). The rest of what no task needs, such as `bpf`, `perf_event_open`,
 `userfaultfd`, `kexec_*` and the keyctl family, the default profile already denies without
-CAP_SYS_ADMIN). gVisor ignores OCI seccomp profiles (without `--oci-seccomp`): there, system calls
+CAP_SYS_ADMIN. gVisor ignores OCI seccomp profiles (without `--oci-seccomp`): there, system calls
 reach gVisor's own kernel, not the host's.
 
 The run folder holds only the socket. It is writable while the agent starts (only the agent runs
@@ -20,7 +21,10 @@ then: the image's entrypoint is replaced) and sealed once the agent answers (`se
 owned by `SEALED_UID` when Orchard runs as root, else by the operator. Without CAP_DAC_OVERRIDE,
 CAP_FOWNER or CAP_CHOWN no sandbox process, root included, can then create, rename, unlink or
 chmod anything there, so the sandbox can write nothing to the host through it (and leave nothing:
-no setuid, executable or device file) and cannot move the socket. `delete` unseals and removes it.
+no setuid, executable or device file) and cannot move the socket. At the seal the folder must hold
+the socket alone, else the sandbox fails: code that reached the agent's start through the image
+(its `PYTHONPATH`, `/etc/ld.so.preload`) could have kept a folder of its own writable there.
+`delete` unseals and removes it.
 gVisor's Sentry honours the seal too (it checks the folder's owner and mode as the host reports them).
 
 Network `blocked` means `--network none` (loopback only). Network `open` means the Docker network
@@ -96,6 +100,9 @@ the host itself, and to link-local addresses (a cloud's instance metadata servic
 DENIED_SYSCALLS = ("io_uring_enter", "io_uring_register", "io_uring_setup")
 """Denied on top of Docker's default seccomp profile: no task needs them, and they widen the kernel surface."""
 SECCOMP_DEFAULT = Path(__file__).with_name("docker-default-seccomp.json")
+CLONE_PARENT = 0x8000
+"""Denied to `clone` on top of the default profile: a child made with it is the agent's, outside the
+command's process tree, so a timeout would not find it (no libc or runtime uses it for fork or threads)."""
 
 log = logging.getLogger("orchard.env")
 
@@ -154,7 +161,7 @@ class DockerBackend:
         self._run_root = _private_folder(settings().run_dir)
         self._open_network_ready = False
         self._open_network_lock = threading.Lock()
-        self._loopback_hosts = _write_once(self._run_root / "hosts", LOOPBACK_HOSTS)
+        self._loopback_hosts = _write_once(self._run_root / ".hosts", LOOPBACK_HOSTS)  # no sandbox id starts with "."
         self._api.trust_env = False  # no proxy look-up on every call to a local engine
 
     def _check_runtime(self, runtimes: dict[str, dict]) -> bool:
@@ -265,6 +272,19 @@ class DockerBackend:
         if os.getuid() == 0:
             os.chown(run_dir, SEALED_UID, SEALED_UID)
         run_dir.chmod(0o555)
+        try:
+            entries = {name: os.lstat(run_dir / name).st_mode for name in os.listdir(run_dir)}
+        except OSError as exc:
+            raise SandboxError(f"the run folder of sandbox {sandbox_id} cannot be checked: {exc}") from None
+        if stat.S_ISSOCK(entries.get("agent.sock.new", 0)):
+            del entries["agent.sock.new"]  # under gVisor the agent's first bind cannot be renamed or unlinked
+        if list(entries) != ["agent.sock"] or not stat.S_ISSOCK(entries["agent.sock"]):
+            # Code that ran before the seal (an image's PYTHONPATH or ld.so.preload reaching the
+            # agent, say) left something there that would stay writable: a folder of its own.
+            raise SandboxError(
+                f"the run folder of sandbox {sandbox_id} holds {sorted(entries)} instead of the agent's socket alone: "
+                "something other than the agent ran in the sandbox before it was sealed; check the image"
+            )
         socket_owner = os.lstat(run_dir / "agent.sock").st_uid
         if socket_owner == run_dir.stat().st_uid:
             raise SandboxError(
@@ -443,11 +463,16 @@ class DockerBackend:
 
 @lru_cache(maxsize=1)
 def seccomp_profile() -> str:
-    """Docker's default profile (shipped: Docker's API takes a profile only whole) minus `DENIED_SYSCALLS`."""
+    """Docker's default profile (shipped: Docker's API takes a profile only whole) minus `DENIED_SYSCALLS`,
+    and `clone` refused with `CLONE_PARENT`."""
     profile = json.loads(SECCOMP_DEFAULT.read_text())
     for rule in profile["syscalls"]:
         rule["names"] = [name for name in rule["names"] if name not in DENIED_SYSCALLS]
     profile["syscalls"] = [rule for rule in profile["syscalls"] if rule["names"]]
+    for rule in profile["syscalls"]:  # `clone` without CAP_SYS_ADMIN: namespace flags masked, and CLONE_PARENT
+        for arg in rule.get("args") or []:
+            if rule["names"] == ["clone"] and arg["op"] == "SCMP_CMP_MASKED_EQ":
+                arg["value"] |= CLONE_PARENT
     profile["syscalls"].append(
         {"names": list(DENIED_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": 38, "comment": "ENOSYS: by Orchard"}
     )
