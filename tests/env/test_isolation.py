@@ -13,6 +13,7 @@ import secrets
 import selectors
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -26,6 +27,7 @@ import docker.errors
 import httpx
 import pytest
 
+from orchard.env.backends.docker import LOOPBACK_HOSTS
 from orchard.errors import NotFound, SandboxError
 
 pytestmark = pytest.mark.docker
@@ -213,6 +215,14 @@ def test_a_timeout_kills_what_clone_parent_made(client, base_image):
         assert "clone: -1 Operation not permitted" in result.stdout, result.stdout
         assert _survivors(box) == []
         assert box.exec("sh -c 'sleep 0 & wait' && python3 -c 'import os; os.fork() or os._exit(0)'").ok
+
+
+def test_no_sandbox_id_reaches_the_shared_hosts_file(client):
+    """Deleting the sandbox `hosts` once chmodded the /etc/hosts that every blocked sandbox mounts."""
+    backend = client._manager.backend
+    backend.delete("hosts")
+    hosts = backend._loopback_hosts
+    assert stat.S_IMODE(hosts.stat().st_mode) == 0o644 and hosts.read_text() == LOOPBACK_HOSTS
 
 
 def test_a_run_folder_written_before_the_seal_refuses_the_sandbox(client, base_image, docker_client, tmp_path):
