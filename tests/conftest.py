@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +15,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
+def skip_or_fail(message: str) -> None:
+    """Skip locally, but fail in CI: CI must run every test."""
+    if IN_CI:
+        pytest.fail(f"{message} — CI must run this test, not skip it")
+    pytest.skip(message)
+
+
 def _docker_or_skip():
     """Return a Docker SDK client; without an engine, skip locally but fail in CI."""
     import docker
@@ -22,10 +30,7 @@ def _docker_or_skip():
         client = docker.from_env(timeout=120)
         client.ping()
     except Exception as exc:  # any way of not reaching the engine
-        message = f"no Docker engine reachable ({exc}); start one with `./dev engine`"
-        if IN_CI:
-            pytest.fail(message + " — CI must run the Docker tests, not skip them")
-        pytest.skip(message)
+        skip_or_fail(f"no Docker engine reachable ({exc}); start one with `./dev engine`")
     return client
 
 
@@ -38,13 +43,24 @@ def docker_client():
 
 
 @pytest.fixture(scope="session")
+def root() -> None:
+    """The tests run as root (network namespaces, another user); skip locally otherwise, fail in CI."""
+    if os.geteuid() != 0:
+        skip_or_fail("this test needs root (network namespaces, setpriv)")
+
+
+@pytest.fixture(scope="session")
+def x86_64() -> None:
+    """The host is x86-64 (a test speaks its system calls); skip locally otherwise, fail in CI."""
+    if platform.machine() != "x86_64":
+        skip_or_fail("this test injects x86-64 system calls")
+
+
+@pytest.fixture(scope="session")
 def runsc(docker_client) -> str:
     """The engine's gVisor runtime; without one, skip locally but fail in CI."""
     if "runsc" not in (docker_client.info().get("Runtimes") or {}):
-        message = "the Docker engine has no runsc runtime; `./dev engine` registers it"
-        if IN_CI:
-            pytest.fail(message + " — CI must run the gVisor tests, not skip them")
-        pytest.skip(message)
+        skip_or_fail("the Docker engine has no runsc runtime; `./dev engine` registers it")
     return "runsc"
 
 
@@ -175,10 +191,7 @@ def postgres_url() -> Iterator[str]:
 
     bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
     if not bins:
-        message = "PostgreSQL is not installed (apt-get install postgresql); `./dev` installs it"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+        skip_or_fail("PostgreSQL is not installed (apt-get install postgresql); `./dev` installs it")
     folder = Path(tempfile.mkdtemp(prefix="orchard-pg-", dir="/tmp"))  # short, and open to the postgres user
     folder.chmod(0o777)
     as_user = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []

@@ -12,7 +12,6 @@ import asyncio
 import io
 import json
 import os
-import platform
 import resource
 import socket
 import tarfile
@@ -141,9 +140,7 @@ os.kill(pid, signal.SIGCONT)
 
 
 @pytest.fixture(scope="module")
-def box(client, base_image):
-    if platform.machine() != "x86_64":
-        pytest.skip("the attacker injects x86_64 system calls")
+def box(x86_64, client, base_image):
     with client.create(base_image) as box:
         box.write_file("/tmp/attacker.py", ATTACKER)
         yield box

@@ -32,8 +32,6 @@ from orchard.errors import NotFound, SandboxError
 
 pytestmark = pytest.mark.docker
 
-AS_ROOT = os.geteuid() == 0
-
 
 def _run_dir(client, box) -> Path:
     return client._manager.backend._run_dir(box.id)
@@ -110,8 +108,7 @@ with Client(db_url="sqlite:///" + os.environ["ORCHARD_HOME"] + "/o.db") as clien
 """
 
 
-@pytest.mark.skipif(not AS_ROOT, reason="making a non-root operator (setpriv) needs root")
-def test_a_non_root_operator_removes_the_run_folder_completely(docker_client, base_image):
+def test_a_non_root_operator_removes_the_run_folder_completely(root, docker_client, base_image):
     """Orchard run by a real unprivileged user (setpriv: a uid without capabilities, in the docker
     group): the sandbox's root tries to leave a root-owned folder with a setuid file behind. Then
     an image whose user has the operator's uid, which the seal cannot hold against, is refused."""
@@ -309,19 +306,15 @@ def _server_in_a_netns(host_address: str, address: str, answer: str) -> Iterator
 
 
 @pytest.fixture
-def outside() -> Iterator[tuple[str, int]]:
+def outside(root) -> Iterator[tuple[str, int]]:
     """A server "outside", at an address of the documentation range 198.51.100.0/30."""
-    if not AS_ROOT:
-        pytest.skip("making a network namespace needs root")
     with _server_in_a_netns("198.51.100.1", "198.51.100.2", "outside") as server:
         yield server
 
 
 @pytest.fixture
-def metadata() -> Iterator[tuple[str, int]]:
+def metadata(root) -> Iterator[tuple[str, int]]:
     """A server at a link-local address, where clouds answer with the host's credentials (169.254.169.254)."""
-    if not AS_ROOT:
-        pytest.skip("making a network namespace needs root")
     with _server_in_a_netns("169.254.200.1", "169.254.200.2", "metadata") as server:
         with socket.create_connection(server, timeout=5) as conn:  # the host itself reaches it
             assert conn.recv(100) == b"metadata"
