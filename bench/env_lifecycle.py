@@ -54,8 +54,9 @@ import docker
 
 from orchard.config import BASE_IMAGE
 from orchard.env import Client
-from orchard.env.backends.base import LABEL_PREFIX, process_owner
+from orchard.env.backends.base import LABEL_PREFIX
 from orchard.env.client import Sandbox
+from orchard.process import process_owner
 from orchard.store.runs import record_bench
 
 OWNER = process_owner()

@@ -8,7 +8,7 @@ The same code runs embedded (no service) when ORCHARD_URL is unset and no servic
 
 from orchard.config import BASE_IMAGE
 from orchard.env import Client
-from orchard.env.client import running_service_url
+from orchard.env.discovery import running_service_url
 
 BUSYBOX = "orchard/busybox:static"  # no Python, no libc: the agent brings its own runtime
 

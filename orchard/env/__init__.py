@@ -1,8 +1,10 @@
 """The environment layer: isolated sandboxes reached through an injected exec agent.
 
 `Client` / `AsyncClient` are the SDK; `SandboxManager` is the lifecycle underneath; backends
-(`orchard.env.backends`) create containers; `orchard.env.service` serves the Orchard Env REST API.
-Importing this package is light: Docker and FastAPI load only when used.
+(`orchard.env.backends`) create containers; `orchard.env.service` serves the Orchard Env REST API,
+and `orchard.env.discovery` finds the one running on this host. The SDK and the service share the
+wire calls (`orchard.env.calls`), never each other's code. Importing this package is light: Docker
+and FastAPI load only when used.
 
 Trust: everything inside a sandbox is hostile, the exec agent included. A process there can
 kill, stop or ptrace the agent, take its listening socket and answer in its place, so the host

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import shlex
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
-from orchard.env.backends.base import check_sandbox_id
+from orchard.env.backends.base import SandboxSpec, check_sandbox_id
 from orchard.errors import (
     AgentError,
     AuthError,
@@ -495,16 +496,19 @@ class ServiceCalls:
 
 
 class ServiceSandboxes:
-    """Lifecycle calls of the service: create, wait, delete, list."""
+    """Lifecycle calls of the service: create, wait, delete, list, warm."""
 
     @staticmethod
-    def create(body: dict[str, Any]) -> Call:
+    def create(spec: SandboxSpec, sandbox_id: str | None = None) -> Call:
         def created(response: Response) -> str:
             sandbox = response.json()
             if sandbox["status"] == "failed":
                 raise SandboxError(sandbox.get("status_message") or "the sandbox failed to start")
             return sandbox["sandbox_id"]
 
+        body = _sandbox_body(spec)
+        if sandbox_id:
+            body["sandbox_id"] = sandbox_id
         return Call("POST", "/sandboxes", created, json=body)
 
     @staticmethod
@@ -527,8 +531,26 @@ class ServiceSandboxes:
         return Call("GET", "/sandboxes", lambda r: r.json()["sandboxes"])
 
     @staticmethod
-    def warm(body: dict[str, Any]) -> Call:
-        return Call("POST", "/pools", lambda r: r.json(), json=body)
+    def warm(spec: SandboxSpec, size: int) -> Call:
+        return Call("POST", "/pools", lambda r: r.json(), json={**_sandbox_body(spec), "size": size})
+
+
+def _sandbox_body(spec: SandboxSpec) -> dict[str, Any]:
+    """The fields of a create (or pool) body that carry a spec, as the Orchard Env API names them."""
+    body: dict[str, Any] = {"image": spec.image, "block_network": spec.network == "blocked", "ttl": math.ceil(spec.ttl)}
+    if spec.cpu:
+        body["cpu"] = str(spec.cpu)
+    if spec.memory_bytes:
+        body["memory"] = str(spec.memory_bytes)
+    if spec.disk_bytes:
+        body["disk"] = str(spec.disk_bytes)
+    if spec.tmpfs:
+        body["tmpfs"] = {path: str(size) for path, size in spec.tmpfs.items()}
+    if spec.env:
+        body["env"] = spec.env
+    if spec.run_id:
+        body["run_id"] = spec.run_id
+    return body
 
 
 def _base64_size(size: int) -> int:

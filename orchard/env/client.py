@@ -11,31 +11,36 @@ sandbox's agent over a pooled keep-alive Unix socket connection. `Client(url=...
 `ORCHARD_URL` / `SANDBOX_BASE_URL` in the environment) talks to an `orchard up` service instead;
 the API is the same. Sandboxes a client created are deleted when it closes, at interpreter exit,
 and on SIGTERM (SIGINT unwinds `with` blocks as KeyboardInterrupt does).
+
+`AsyncClient` / `AsyncSandbox` are the asyncio twins, method for method. The two clients share
+one core (`_Core`), as the two handles share the wire calls of `calls.py`: it holds where
+sandboxes come from, and writes each lifecycle operation once as a plan of steps (a call to the
+service, or work of the embedded manager) that `Client` runs in line and `AsyncClient` awaits,
+the manager's work in a worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import builtins
 import io
-import json
-import math
 import signal
 import sys
 import tarfile
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 
 from orchard.config import settings
 from orchard.env.archive import Download
 from orchard.env.backends import BackendConfig
-from orchard.env.backends.base import Network, SandboxSpec, parse_memory
+from orchard.env.backends.base import Network, SandboxSpec, check_sandbox_id, make_spec
 from orchard.env.calls import (
     ARCHIVE_LIMIT,
     READ_LIMIT,
@@ -51,8 +56,19 @@ from orchard.env.calls import (
     command_text,
     send,
 )
+from orchard.env.discovery import local_service_key
 from orchard.env.manager import SandboxInfo, SandboxManager, agent_http, async_agent_http
-from orchard.env.pty import AgentFrames, Frames, ServiceFrames, Terminal, init_frame
+from orchard.env.pty import (
+    AgentFrames,
+    AsyncAgentFrames,
+    AsyncFrames,
+    AsyncServiceFrames,
+    AsyncTerminal,
+    Frames,
+    ServiceFrames,
+    Terminal,
+    init_frame,
+)
 from orchard.env.transport import AsyncAgentChannel, AsyncHttpxChannel, HttpxChannel
 from orchard.errors import ConfigError, InvalidRequest, SandboxError
 
@@ -214,182 +230,6 @@ class Sandbox:
         return f"<Sandbox {self.id} {self.image}{' deleted' if self._deleted else ''}>"
 
 
-class Client:
-    """Creates sandboxes, embedded (a manager in this process) or through an `orchard up` service."""
-
-    def __init__(
-        self,
-        url: str | None = None,
-        api_key: str | None = None,
-        *,
-        backend: str | BackendConfig = "docker",
-        db_url: str | None = None,
-    ):
-        self.url = url or settings().service_url
-        self._api_key = api_key
-        self._lock = threading.Lock()
-        self._mine: dict[str, Sandbox] = {}
-        self._closed = False
-        if self.url:
-            self._manager = None
-            self._http = HttpxChannel(
-                httpx.Client(base_url=self.url, headers=_auth_headers(self.url, api_key), timeout=60.0)
-            )
-        else:
-            self._manager = SandboxManager(backend, db_url=db_url)
-        _track(self)
-
-    def create(
-        self,
-        image: str,
-        *,
-        network: Network = "blocked",
-        cpu: float | None = None,
-        memory: str | int | None = None,
-        disk: str | int | None = None,
-        tmpfs: dict[str, str | int] | None = None,
-        ttl: float = 7200.0,
-        env: dict[str, str] | None = None,
-        sandbox_id: str | None = None,
-        run_id: str | None = None,
-        timeout: float = 120.0,
-        keep: bool = False,
-    ) -> Sandbox:
-        """Start a sandbox from `image` and return it once its agent answers.
-
-        With `keep`, the sandbox outlives this client (service mode only; it is still reaped at
-        its TTL).
-        """
-        self._check_open()
-        if keep and self._manager is not None:
-            raise ConfigError("keep=True needs an `orchard up` service; embedded sandboxes end with their process")
-        spec = make_spec(
-            image, network=network, cpu=cpu, memory=memory, disk=disk, tmpfs=tmpfs, ttl=ttl, env=env, run_id=run_id
-        )
-        if self._manager is not None:
-            if sandbox_id is None:
-                info = self._manager.acquire(spec, timeout=timeout)
-            else:
-                info = self._manager.create(spec, sandbox_id=sandbox_id, timeout=timeout)
-            box = self._direct(info)
-        else:
-            sandbox_id = send(self._http, ServiceSandboxes.create(service_body(spec, sandbox_id)))
-            try:
-                send(self._http, ServiceSandboxes.wait(sandbox_id, timeout))
-            except BaseException:
-                send(self._http, ServiceSandboxes.delete(sandbox_id))
-                raise
-            box = self.attach(sandbox_id)
-        if not keep:
-            with self._lock:
-                self._mine[box.id] = box
-        return box
-
-    def warm(
-        self,
-        image: str,
-        size: int,
-        *,
-        network: Network = "blocked",
-        cpu: float | None = None,
-        memory: str | int | None = None,
-        ttl: float = 7200.0,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        """Keep `size` sandboxes of this kind started; `create` with the same arguments takes one at once."""
-        self._check_open()
-        spec = make_spec(image, network=network, cpu=cpu, memory=memory, ttl=ttl, env=env)
-        if self._manager is not None:
-            self._manager.pools.warm(spec, size)
-        else:
-            send(self._http, ServiceSandboxes.warm({**service_body(spec, None), "size": size}))
-
-    def attach(self, sandbox_id: str) -> Sandbox:
-        """A handle on an existing sandbox (of the service, or of this embedded client)."""
-        self._check_open()
-        if self._manager is not None:
-            with self._lock:
-                mine = self._mine.get(sandbox_id)
-            return mine or self._direct(self._manager.get(sandbox_id))
-        assert self.url is not None
-        url, key = self.url, _auth_headers(self.url, self._api_key).get("X-API-Key")
-        return Sandbox(
-            sandbox_id,
-            "",
-            self._http,
-            ServiceCalls(sandbox_id),
-            self._forget_remote,
-            owns_http=False,
-            frames=lambda: ServiceFrames(url, sandbox_id, key),
-        )
-
-    def list(self) -> list[dict]:
-        """Live sandboxes (of this client when embedded; of the service when remote)."""
-        if self._manager is not None:
-            return [_public(info) for info in self._manager.list()]
-        return send(self._http, ServiceSandboxes.list())
-
-    def close(self) -> None:
-        """Delete every sandbox this client created; idempotent. Tries them all, then raises."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            boxes = list(self._mine.values())
-        failures = []
-        for box in boxes:
-            try:
-                box.delete()
-            except Exception as exc:  # delete the others first
-                failures.append(exc)
-        try:
-            if self._manager is not None:
-                self._manager.close()
-            else:
-                self._http.close()
-        finally:
-            if failures:
-                raise failures[0]
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- embedded ---------------------------------------------------------------------
-
-    def _direct(self, info: SandboxInfo) -> Sandbox:
-        assert info.endpoint is not None and self._manager is not None
-        endpoint = info.endpoint
-        return Sandbox(
-            info.sandbox_id,
-            info.spec.image,
-            agent_http(info.endpoint),
-            AgentCalls(),
-            self._forget_local,
-            on_exec=self._manager.record_exec,
-            frames=lambda: AgentFrames(endpoint),
-        )
-
-    def _forget_local(self, sandbox_id: str) -> None:
-        assert self._manager is not None
-        self._manager.delete(sandbox_id)
-        with self._lock:
-            self._mine.pop(sandbox_id, None)
-
-    # -- remote -----------------------------------------------------------------------
-
-    def _forget_remote(self, sandbox_id: str) -> None:
-        send(self._http, ServiceSandboxes.delete(sandbox_id))
-        with self._lock:
-            self._mine.pop(sandbox_id, None)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SandboxError("this client is closed; create a new Client")
-
-
 class AsyncSandbox:
     """The async twin of `Sandbox`."""
 
@@ -402,10 +242,12 @@ class AsyncSandbox:
         on_delete: Callable[[str], Awaitable[None]],
         on_exec: Callable[[str, str, ExecResult, float], None] | None = None,
         owns_http: bool = True,
+        frames: Callable[[], Awaitable[AsyncFrames]] | None = None,
     ):
         self.id, self.image = sandbox_id, image
         self._http, self._calls, self._on_delete, self._on_exec = http, calls, on_delete, on_exec
         self._owns_http = owns_http
+        self._frames = frames
         self._deleted = False
 
     async def exec(
@@ -464,6 +306,29 @@ class AsyncSandbox:
         """`git apply` a unified diff in /workspace."""
         return await self._send(self._calls.apply_patch(patch, timeout))
 
+    async def terminal(
+        self,
+        cmd: Sequence[str] | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        login_shell: bool = False,
+    ) -> AsyncTerminal:
+        """Start `cmd` (default: an interactive shell) on a pseudo-terminal (see `Sandbox.terminal`)."""
+        if self._deleted:
+            raise SandboxError(f"sandbox {self.id} was deleted")
+        if self._frames is None:
+            raise ConfigError("this sandbox handle cannot open terminals")
+        frames = await self._frames()
+        try:
+            await frames.send(init_frame(cmd, rows=rows, cols=cols, env=env, cwd=cwd, login_shell=login_shell))
+        except BaseException:
+            await frames.close()
+            raise
+        return AsyncTerminal(frames)
+
     async def delete(self) -> None:
         """Delete the sandbox; idempotent (a failed delete may be retried)."""
         if self._deleted:
@@ -484,9 +349,144 @@ class AsyncSandbox:
     async def __aexit__(self, *exc: object) -> None:
         await self.delete()
 
+    def __repr__(self) -> str:
+        return f"<AsyncSandbox {self.id} {self.image}{' deleted' if self._deleted else ''}>"
 
-class AsyncClient:
-    """The async twin of `Client` (embedded lifecycle calls run in worker threads)."""
+
+# -- the core both clients run -----------------------------------------------------------
+
+T = TypeVar("T")
+H = TypeVar("H", "Sandbox", "AsyncSandbox")
+
+Step = Call | Callable[[], Any]
+"""One step of a lifecycle operation: a call to the service, or blocking work of the embedded manager."""
+
+Plan = Generator[Step, Any, T]
+"""A lifecycle operation: it yields steps, gets each one's result (or exception) back, and returns its own."""
+
+
+class _Core(Generic[H]):
+    """What `Client` and `AsyncClient` share: where sandboxes come from, and the plan of each operation.
+
+    Embedded (no URL), sandboxes come from a manager in this process, started here; otherwise
+    from the `orchard up` service at `url`, with `api_key` (given, ORCHARD_API_KEY, or the key
+    of this host's service at that URL).
+    """
+
+    def __init__(self, url: str | None, api_key: str | None, backend: str | BackendConfig, db_url: str | None):
+        self.url = url or settings().service_url
+        self.api_key = api_key or settings().api_key or (local_service_key(self.url) if self.url else None)
+        self.manager = None if self.url else SandboxManager(backend, db_url=db_url).start()
+        self.lock = threading.Lock()
+        self.mine: dict[str, H] = {}
+        """Sandboxes to delete when the client closes (not those created with `keep`)."""
+        self.closed = False
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"X-API-Key": self.api_key} if self.api_key else {}
+
+    def check_open(self, kind: str) -> None:
+        if self.closed:
+            raise SandboxError(f"this client is closed; create a new {kind}")
+
+    def create(self, spec: SandboxSpec, sandbox_id: str | None, timeout: float, keep: bool) -> Plan[SandboxInfo | str]:
+        """A new sandbox, ready: its info when embedded, its id through the service."""
+        manager = self.manager
+        if manager is not None:
+            if keep:
+                raise ConfigError("keep=True needs an `orchard up` service; embedded sandboxes end with their process")
+            if sandbox_id is None:
+                return (yield lambda: manager.acquire(spec, timeout=timeout))
+            return (yield lambda: manager.create(spec, sandbox_id=sandbox_id, timeout=timeout))
+        created = yield ServiceSandboxes.create(spec, sandbox_id)
+        try:
+            yield ServiceSandboxes.wait(created, timeout)
+        except BaseException:
+            yield ServiceSandboxes.delete(created)
+            raise
+        return created
+
+    def adopt(self, box: H, keep: bool) -> H:
+        """Track a new sandbox, to delete it with the client unless it is kept."""
+        if not keep:
+            with self.lock:
+                self.mine[box.id] = box
+        return box
+
+    def warm(self, spec: SandboxSpec, size: int) -> Plan[None]:
+        manager = self.manager
+        if manager is not None:
+            yield lambda: manager.pools.warm(spec, size)
+        else:
+            yield ServiceSandboxes.warm(spec, size)
+
+    def attach(self, sandbox_id: str) -> H | SandboxInfo | str:
+        """This client's handle on `sandbox_id`, else what a new handle needs (info embedded, id remote)."""
+        if self.manager is None:
+            return check_sandbox_id(sandbox_id)
+        with self.lock:
+            mine = self.mine.get(sandbox_id)
+        return mine or self.manager.get(sandbox_id)
+
+    def list(self) -> Plan[list[dict]]:
+        if self.manager is not None:
+            return [_public(info) for info in self.manager.list()]
+        return (yield ServiceSandboxes.list())
+
+    def delete(self, sandbox_id: str) -> Plan[None]:
+        manager = self.manager
+        if manager is not None:
+            yield lambda: manager.delete(sandbox_id)
+        else:
+            yield ServiceSandboxes.delete(sandbox_id)
+        with self.lock:
+            self.mine.pop(sandbox_id, None)
+
+    def close(self) -> builtins.list[H] | None:
+        """Mark the client closed; the sandboxes to delete now (None if it was closed already)."""
+        with self.lock:
+            if self.closed:
+                return None
+            self.closed = True
+            return list(self.mine.values())
+
+
+def _run(plan: Plan[T], do: Callable[[Step], Any]) -> T:
+    """Run a plan, each step by `do`; a step's exception goes back into the plan."""
+    result: Any = None
+    failure: BaseException | None = None
+    while True:
+        try:
+            step = plan.send(result) if failure is None else plan.throw(failure)
+        except StopIteration as done:
+            return done.value
+        try:
+            result, failure = do(step), None
+        except BaseException as exc:
+            result, failure = None, exc
+
+
+async def _arun(plan: Plan[T], do: Callable[[Step], Awaitable[Any]]) -> T:
+    """The async twin of `_run`."""
+    result: Any = None
+    failure: BaseException | None = None
+    while True:
+        try:
+            step = plan.send(result) if failure is None else plan.throw(failure)
+        except StopIteration as done:
+            return done.value
+        try:
+            result, failure = await do(step), None
+        except BaseException as exc:
+            result, failure = None, exc
+
+
+# -- the clients --------------------------------------------------------------------------
+
+
+class Client:
+    """Creates sandboxes, embedded (a manager in this process) or through an `orchard up` service."""
 
     def __init__(
         self,
@@ -494,18 +494,154 @@ class AsyncClient:
         api_key: str | None = None,
         *,
         backend: str | BackendConfig = "docker",
-        db_url=None,
+        db_url: str | None = None,
     ):
-        self.url = url or settings().service_url
-        self._mine: dict[str, AsyncSandbox] = {}
-        self._closed = False
+        self._core: _Core[Sandbox] = _Core(url, api_key, backend, db_url)
+        self.url = self._core.url
+        self._manager = self._core.manager
+        self._http: HttpxChannel | None = None
         if self.url:
-            self._manager = None
-            self._http = AsyncHttpxChannel(
-                httpx.AsyncClient(base_url=self.url, headers=_auth_headers(self.url, api_key), timeout=60.0)
+            self._http = HttpxChannel(httpx.Client(base_url=self.url, headers=self._core.headers, timeout=60.0))
+        _track(self)
+
+    def create(
+        self,
+        image: str,
+        *,
+        network: Network = "blocked",
+        cpu: float | None = None,
+        memory: str | int | None = None,
+        disk: str | int | None = None,
+        tmpfs: dict[str, str | int] | None = None,
+        ttl: float = 7200.0,
+        env: dict[str, str] | None = None,
+        sandbox_id: str | None = None,
+        run_id: str | None = None,
+        timeout: float = 120.0,
+        keep: bool = False,
+    ) -> Sandbox:
+        """Start a sandbox from `image` and return it once its agent answers.
+
+        With `keep`, the sandbox outlives this client (service mode only; it is still reaped at
+        its TTL).
+        """
+        self._core.check_open("Client")
+        spec = make_spec(
+            image, network=network, cpu=cpu, memory=memory, disk=disk, tmpfs=tmpfs, ttl=ttl, env=env, run_id=run_id
+        )
+        made = self._run(self._core.create(spec, sandbox_id, timeout, keep))
+        return self._core.adopt(self._handle(made, image), keep)
+
+    def warm(
+        self,
+        image: str,
+        size: int,
+        *,
+        network: Network = "blocked",
+        cpu: float | None = None,
+        memory: str | int | None = None,
+        ttl: float = 7200.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """Keep `size` sandboxes of this kind started; `create` with the same arguments takes one at once."""
+        self._core.check_open("Client")
+        self._run(self._core.warm(make_spec(image, network=network, cpu=cpu, memory=memory, ttl=ttl, env=env), size))
+
+    def attach(self, sandbox_id: str) -> Sandbox:
+        """A handle on an existing sandbox (of the service, or of this embedded client); sends nothing."""
+        self._core.check_open("Client")
+        found = self._core.attach(sandbox_id)
+        return found if isinstance(found, Sandbox) else self._handle(found)
+
+    def list(self) -> list[dict]:
+        """Live sandboxes (of this client when embedded; of the service when remote)."""
+        self._core.check_open("Client")
+        return self._run(self._core.list())
+
+    def close(self) -> None:
+        """Delete every sandbox this client created; idempotent. Tries them all, then raises."""
+        boxes = self._core.close()
+        if boxes is None:
+            return
+        failures = []
+        for box in boxes:
+            try:
+                box.delete()
+            except Exception as exc:  # delete the others first
+                failures.append(exc)
+        try:
+            if self._manager is not None:
+                self._manager.close()
+            elif self._http is not None:
+                self._http.close()
+        finally:
+            if failures:
+                raise failures[0]
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, plan: Plan[T]) -> T:
+        return _run(plan, self._do)
+
+    def _do(self, step: Step) -> Any:
+        if isinstance(step, Call):
+            assert self._http is not None
+            return send(self._http, step)
+        return step()
+
+    def _handle(self, made: SandboxInfo | str, image: str = "") -> Sandbox:
+        """A handle straight to an embedded sandbox's agent, or one through the service."""
+        if isinstance(made, SandboxInfo):
+            endpoint = made.endpoint
+            assert endpoint is not None and self._manager is not None
+            return Sandbox(
+                made.sandbox_id,
+                made.spec.image,
+                agent_http(endpoint),
+                AgentCalls(),
+                self._forget,
+                on_exec=self._manager.record_exec,
+                frames=lambda: AgentFrames(endpoint),
             )
-        else:
-            self._manager = SandboxManager(backend, db_url=db_url)
+        assert self.url is not None and self._http is not None
+        url, key = self.url, self._core.api_key
+        return Sandbox(
+            made,
+            image,
+            self._http,
+            ServiceCalls(made),
+            self._forget,
+            owns_http=False,
+            frames=lambda: ServiceFrames(url, made, key),
+        )
+
+    def _forget(self, sandbox_id: str) -> None:
+        self._run(self._core.delete(sandbox_id))
+
+
+class AsyncClient:
+    """The async twin of `Client` (the embedded manager's work runs in worker threads)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        backend: str | BackendConfig = "docker",
+        db_url: str | None = None,
+    ):
+        self._core: _Core[AsyncSandbox] = _Core(url, api_key, backend, db_url)
+        self.url = self._core.url
+        self._manager = self._core.manager
+        self._http: AsyncHttpxChannel | None = None
+        if self.url:
+            self._http = AsyncHttpxChannel(
+                httpx.AsyncClient(base_url=self.url, headers=self._core.headers, timeout=60.0)
+            )
         _track(self)
 
     async def create(
@@ -522,56 +658,53 @@ class AsyncClient:
         sandbox_id: str | None = None,
         run_id: str | None = None,
         timeout: float = 120.0,
+        keep: bool = False,
     ) -> AsyncSandbox:
-        """Start a sandbox from `image` and return it once its agent answers."""
-        if self._closed:
-            raise SandboxError("this client is closed; create a new AsyncClient")
+        """Start a sandbox from `image` and return it once its agent answers (see `Client.create`)."""
+        self._core.check_open("AsyncClient")
         spec = make_spec(
             image, network=network, cpu=cpu, memory=memory, disk=disk, tmpfs=tmpfs, ttl=ttl, env=env, run_id=run_id
         )
-        if self._manager is not None:
-            manager = self._manager
-            if sandbox_id is None:
-                info = await asyncio.to_thread(manager.acquire, spec, timeout=timeout)
-            else:
-                info = await asyncio.to_thread(manager.create, spec, sandbox_id=sandbox_id, timeout=timeout)
-            assert info.endpoint is not None
-            box = AsyncSandbox(
-                info.sandbox_id,
-                image,
-                async_agent_http(info.endpoint),
-                AgentCalls(),
-                self._forget,
-                on_exec=manager.record_exec,
-            )
-        else:
-            sandbox_id = await asend(self._http, ServiceSandboxes.create(service_body(spec, sandbox_id)))
-            box = AsyncSandbox(sandbox_id, image, self._http, ServiceCalls(sandbox_id), self._forget, owns_http=False)
-            try:
-                await asend(self._http, ServiceSandboxes.wait(sandbox_id, timeout))
-            except BaseException:
-                await box.delete()
-                raise
-        self._mine[box.id] = box
-        return box
+        made = await self._run(self._core.create(spec, sandbox_id, timeout, keep))
+        return self._core.adopt(self._handle(made, image), keep)
 
-    async def _forget(self, sandbox_id: str) -> None:
-        if self._manager is not None:
-            await asyncio.to_thread(self._manager.delete, sandbox_id)
-        else:
-            await asend(self._http, ServiceSandboxes.delete(sandbox_id))
-        self._mine.pop(sandbox_id, None)
+    async def warm(
+        self,
+        image: str,
+        size: int,
+        *,
+        network: Network = "blocked",
+        cpu: float | None = None,
+        memory: str | int | None = None,
+        ttl: float = 7200.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """Keep `size` sandboxes of this kind started; `create` with the same arguments takes one at once."""
+        self._core.check_open("AsyncClient")
+        spec = make_spec(image, network=network, cpu=cpu, memory=memory, ttl=ttl, env=env)
+        await self._run(self._core.warm(spec, size))
+
+    def attach(self, sandbox_id: str) -> AsyncSandbox:
+        """A handle on an existing sandbox (see `Client.attach`); sends nothing, so it is no coroutine."""
+        self._core.check_open("AsyncClient")
+        found = self._core.attach(sandbox_id)
+        return found if isinstance(found, AsyncSandbox) else self._handle(found)
+
+    async def list(self) -> list[dict]:
+        """Live sandboxes (of this client when embedded; of the service when remote)."""
+        self._core.check_open("AsyncClient")
+        return await self._run(self._core.list())
 
     async def aclose(self) -> None:
         """Delete every sandbox this client created; idempotent. Tries them all, then raises."""
-        if self._closed:
+        boxes = self._core.close()
+        if boxes is None:
             return
-        self._closed = True
-        outcomes = await asyncio.gather(*(box.delete() for box in list(self._mine.values())), return_exceptions=True)
+        outcomes = await asyncio.gather(*(box.delete() for box in boxes), return_exceptions=True)
         try:
             if self._manager is not None:
                 await asyncio.to_thread(self._manager.close)
-            else:
+            elif self._http is not None:
                 await self._http.aclose()
         finally:
             failures = [o for o in outcomes if isinstance(o, BaseException)]
@@ -580,16 +713,16 @@ class AsyncClient:
 
     def close(self) -> None:
         """Synchronous last-resort cleanup (interpreter exit): delete what is left."""
-        if self._closed:
+        boxes = self._core.close()
+        if boxes is None:
             return
-        self._closed = True
         if self._manager is not None:
             self._manager.close()
-        else:
+        elif self._http is not None:
             remote = self._http.client
             with httpx.Client(base_url=remote.base_url, headers=remote.headers) as http:
-                for sandbox_id in list(self._mine):
-                    send(HttpxChannel(http), ServiceSandboxes.delete(sandbox_id))
+                for box in boxes:
+                    send(HttpxChannel(http), ServiceSandboxes.delete(box.id))
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -597,130 +730,47 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def _run(self, plan: Plan[T]) -> T:
+        return await _arun(plan, self._do)
 
-# -- shared helpers ---------------------------------------------------------------------
+    async def _do(self, step: Step) -> Any:
+        if isinstance(step, Call):
+            assert self._http is not None
+            return await asend(self._http, step)
+        return await asyncio.to_thread(step)
 
+    def _handle(self, made: SandboxInfo | str, image: str = "") -> AsyncSandbox:
+        """The async twin of `Client._handle`."""
+        if isinstance(made, SandboxInfo):
+            endpoint = made.endpoint
+            assert endpoint is not None and self._manager is not None
+            return AsyncSandbox(
+                made.sandbox_id,
+                made.spec.image,
+                async_agent_http(endpoint),
+                AgentCalls(),
+                self._forget,
+                on_exec=self._manager.record_exec,
+                frames=lambda: AsyncAgentFrames.open(endpoint),
+            )
+        assert self.url is not None and self._http is not None
+        url, key = self.url, self._core.api_key
+        return AsyncSandbox(
+            made,
+            image,
+            self._http,
+            ServiceCalls(made),
+            self._forget,
+            owns_http=False,
+            frames=lambda: AsyncServiceFrames.open(url, made, key),
+        )
 
-def make_spec(
-    image: str,
-    *,
-    network: Network = "blocked",
-    cpu: float | None = None,
-    memory: str | int | None = None,
-    disk: str | int | None = None,
-    tmpfs: dict[str, str | int] | None = None,
-    ttl: float = 7200.0,
-    env: dict[str, str] | None = None,
-    run_id: str | None = None,
-) -> SandboxSpec:
-    """Validate user input into a spec, with one clear error per mistake."""
-    if not isinstance(image, str) or not image.strip():
-        raise InvalidRequest("image must be a non-empty image reference such as orchard/base:bookworm")
-    if network not in ("blocked", "open"):
-        raise InvalidRequest(f"network must be 'blocked' or 'open', not {network!r}")
-    if cpu is not None and not (math.isfinite(cpu) and cpu > 0):
-        raise InvalidRequest(f"cpu must be a positive number of cores, not {cpu}")
-    if not (math.isfinite(ttl) and ttl > 0):
-        raise InvalidRequest(f"ttl must be positive seconds, not {ttl}")
-    folders: dict[str, int] = {}
-    for path, size in (tmpfs or {}).items():
-        if (
-            not isinstance(path, str)
-            or not path.startswith("/")
-            or path.rstrip("/") in ("", "/.orchard", "/.orchard-run")
-        ):
-            raise InvalidRequest(f"tmpfs path {path!r} must be an absolute folder other than / and Orchard's own")
-        parsed = parse_memory(size)
-        if not parsed:
-            raise InvalidRequest(f"tmpfs {path} needs a size such as 512Mi, not {size!r}")
-        folders[path] = parsed
-    return SandboxSpec(
-        image=image,
-        network=network,
-        cpu=cpu,
-        memory_bytes=parse_memory(memory),
-        disk_bytes=parse_memory(disk),
-        tmpfs=folders,
-        ttl=ttl,
-        env=dict(env or {}),
-        run_id=run_id,
-    )
-
-
-def service_body(spec: SandboxSpec, sandbox_id: str | None) -> dict:
-    """The service's create body for a spec (field names of the Orchard Env API)."""
-    body: dict[str, Any] = {
-        "image": spec.image,
-        "block_network": spec.network == "blocked",
-        "ttl": math.ceil(spec.ttl),
-    }
-    if spec.cpu:
-        body["cpu"] = str(spec.cpu)
-    if spec.memory_bytes:
-        body["memory"] = str(spec.memory_bytes)
-    if spec.disk_bytes:
-        body["disk"] = str(spec.disk_bytes)
-    if spec.tmpfs:
-        body["tmpfs"] = {path: str(size) for path, size in spec.tmpfs.items()}
-    if sandbox_id:
-        body["sandbox_id"] = sandbox_id
-    if spec.env:
-        body["env"] = spec.env
-    if spec.run_id:
-        body["run_id"] = spec.run_id
-    return body
-
-
-def running_service() -> dict | None:
-    """The state of the `orchard up` service of this ORCHARD_HOME, if it runs and answers."""
-    try:
-        state = json.loads(settings().service_state.read_text())
-    except (OSError, ValueError):
-        return None
-    if not process_alive(state.get("pid", 0)):
-        return None
-    return state if service_healthy(state["url"]) else None
-
-
-def service_healthy(url: str) -> bool:
-    """Whether an Orchard service answers its health check at `url`."""
-    try:
-        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def running_service_url() -> str | None:
-    """ORCHARD_URL / SANDBOX_BASE_URL, else the URL of a local running service, else None."""
-    return settings().service_url or (running_service() or {}).get("url")
-
-
-def process_alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie counts as dead)."""
-    if pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
-def _auth_headers(url: str, api_key: str | None) -> dict[str, str]:
-    key = api_key or settings().api_key or _key_of_local_service(url)
-    return {"X-API-Key": key} if key else {}
-
-
-def _key_of_local_service(url: str) -> str | None:
-    """The key `orchard up` stored (mode 0600) when it serves `url` on this host."""
-    try:
-        state = json.loads(settings().service_state.read_text())
-    except (OSError, ValueError):
-        return None
-    return state.get("api_key") if state.get("url", "").rstrip("/") == url.rstrip("/") else None
+    async def _forget(self, sandbox_id: str) -> None:
+        await self._run(self._core.delete(sandbox_id))
 
 
 def _public(info: SandboxInfo) -> dict:
+    """A sandbox of the embedded manager as `list` shows it (the fields the service's listing has)."""
     return {
         "sandbox_id": info.sandbox_id,
         "image": info.spec.image,

@@ -4,8 +4,12 @@ The manager owns sandboxes for one process (an SDK user or the `orchard up` serv
 the backend to start containers, waits for the injected agent's health check over the direct
 route, then has the backend seal what the sandbox could still write on the host (`seal`: its
 run folder), records everything in the store, and reaps: expired sandboxes (older than their
-TTL) and orphans (labelled with an owner process of this host that is gone) are deleted at
-start-up and then periodically. Commands never pass through here: callers talk to `info.endpoint` directly.
+TTL) and orphans (labelled with an owner process of this host that is gone) are deleted when it
+starts and then periodically. Commands never pass through here: callers talk to `info.endpoint` directly.
+
+A manager is made, then started (`start()`: connect to the backend, reap, recover what crashed
+owners left in the store, start its threads), then closed; made but not started, it has done
+nothing and refuses to create sandboxes.
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ from sqlmodel import col, select
 from orchard import store
 from orchard.config import settings
 from orchard.env.backends import AgentEndpoint, Backend, BackendConfig, SandboxSpec, backend_config
-from orchard.env.backends.base import check_sandbox_id, owner_alive, process_owner
+from orchard.env.backends.base import check_sandbox_id
 from orchard.env.calls import Call
 from orchard.env.pool import WarmPools
 from orchard.env.transport import AgentChannel, AsyncAgentChannel
 from orchard.errors import AgentError, Conflict, NotFound, SandboxError, SandboxNotReady
+from orchard.process import owner_alive, process_owner
 
 Status = Literal["pending", "ready", "failed", "deleted"]
 LIVE = ("pending", "ready")
@@ -61,7 +66,11 @@ def new_sandbox_id() -> str:
 
 
 class SandboxManager:
-    """Creates, tracks, reaps and deletes the sandboxes of one owner. Thread-safe."""
+    """Creates, tracks, reaps and deletes the sandboxes of one owner. Thread-safe.
+
+    The constructor only takes the settings; `start()` does the work (the `with` statement
+    starts the manager too).
+    """
 
     def __init__(
         self,
@@ -71,32 +80,62 @@ class SandboxManager:
         db_url: str | None = None,
         reap_interval: float | None = 60.0,
     ):
-        if isinstance(backend, str):
-            backend = backend_config(backend)
-        self.backend: Backend = backend.build() if isinstance(backend, BaseModel) else backend
+        self._backend_choice = backend_config(backend) if isinstance(backend, str) else backend
+        self._backend: Backend | None = None
         self.owner = owner or process_owner()
         self.db_url = db_url or settings().db_url
-        store.get_engine(self.db_url)
+        self.reap_interval = reap_interval
+        """Seconds between reaping rounds after the start (None: only at the start)."""
         self._sandboxes: dict[str, SandboxInfo] = {}
         self._lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        self._started = False
         self._closed = threading.Event()
         self._recorder = _ExecRecorder(self.db_url)
-        self.reaped_at_start = self.reap()
+        self.reaped_at_start: builtins.list[str] = []
         """Ids of the expired and orphaned sandboxes removed when this manager started."""
         self.pools = WarmPools(self)
         """Warm pools of ready sandboxes (none until `pools.warm` is called)."""
-        self.recovered_at_start = self.recover()
+        self.recovered_at_start = 0
         """How many store rows left behind by dead owners (a crash) were closed at start."""
-        if reap_interval:
-            threading.Thread(
-                target=self._reap_forever, args=(reap_interval,), daemon=True, name="orchard-reaper"
-            ).start()
+
+    def start(self) -> SandboxManager:
+        """Connect to the backend and the store, reap, recover, start the reaper; idempotent. Returns self.
+
+        Reaping removes what dead owners and expired TTLs left in the engine (`reaped_at_start`);
+        recovery closes what they left open in the store (`recovered_at_start`).
+        """
+        with self._start_lock:
+            if self._closed.is_set():
+                raise SandboxError("this sandbox manager is closed; make a new one")
+            if self._started:
+                return self
+            if self._backend is None:
+                choice = self._backend_choice
+                self._backend = choice.build() if isinstance(choice, BaseModel) else choice
+            store.get_engine(self.db_url)
+            self.reaped_at_start = self.reap()
+            self.recovered_at_start = self.recover()
+            self._recorder.start()
+            if self.reap_interval:
+                threading.Thread(
+                    target=self._reap_forever, args=(self.reap_interval,), daemon=True, name="orchard-reaper"
+                ).start()
+            self._started = True
+        return self
+
+    @property
+    def backend(self) -> Backend:
+        """The backend sandboxes live in (connected by `start()`)."""
+        if self._backend is None:
+            raise SandboxError("this sandbox manager is not started; call its start() first")
+        return self._backend
 
     # -- lifecycle --------------------------------------------------------------------
 
     def create(self, spec: SandboxSpec, *, sandbox_id: str | None = None, timeout: float = 120.0) -> SandboxInfo:
         """Start a sandbox and wait until its agent answers; on failure nothing is left behind."""
-        info = self.start(spec, sandbox_id=sandbox_id)
+        info = self.launch(spec, sandbox_id=sandbox_id)
         return self.wait_ready(info.sandbox_id, timeout=timeout)
 
     def acquire(self, spec: SandboxSpec, *, timeout: float = 120.0) -> SandboxInfo:
@@ -104,11 +143,13 @@ class SandboxManager:
         pooled = self.pools.acquire(spec)
         if pooled is not None:
             return self.claim(pooled, spec.run_id)
-        info = self.start(spec)
+        info = self.launch(spec)
         return self.wait_ready(info.sandbox_id, timeout=timeout)
 
-    def start(self, spec: SandboxSpec, *, sandbox_id: str | None = None) -> SandboxInfo:
+    def launch(self, spec: SandboxSpec, *, sandbox_id: str | None = None) -> SandboxInfo:
         """Ask the backend for the sandbox and return it `pending` (the agent may not answer yet)."""
+        if not self._started:
+            raise SandboxError("this sandbox manager is not started; call its start() first")
         sandbox_id = check_sandbox_id(sandbox_id) if sandbox_id is not None else new_sandbox_id()
         spec = replace(spec, owner=self.owner)
         with self._lock:
@@ -163,12 +204,16 @@ class SandboxManager:
         """Delete a sandbox of this owner; idempotent (also for ids already gone).
 
         NotFound for a container of that name that is not this owner's sandbox (left alone).
+        One this manager does not hold (another manager of the owner started it: a tool such as
+        the dashboard acts for the owner) has its live record in the store marked deleted too.
         """
         self.backend.delete(check_sandbox_id(sandbox_id), self.owner)
         with self._lock:
             known = self._sandboxes.pop(sandbox_id, None)
         if known is not None:
             self._save(replace(known, status="deleted"), deleted_at=time.time())
+        else:
+            self._close_record(sandbox_id)
 
     def get(self, sandbox_id: str) -> SandboxInfo:
         """The sandbox `sandbox_id` of this manager."""
@@ -223,10 +268,12 @@ class SandboxManager:
         """Delete every sandbox this manager owns and stop its threads; idempotent.
 
         Every sandbox is tried even if one delete fails; the first failure is raised at the end.
+        A manager closed without being started has nothing to undo.
         """
-        if self._closed.is_set():
-            return
-        self._closed.set()
+        with self._start_lock:  # not while it starts: a start finishes first, then is undone
+            if self._closed.is_set():
+                return
+            self._closed.set()
         self.pools.close()
         failures = []
         for info in self.list():
@@ -235,14 +282,14 @@ class SandboxManager:
             except Exception as exc:  # keep deleting the others; raise after
                 failures.append(exc)
         self._recorder.close()
-        close_backend = getattr(self.backend, "close", None)
+        close_backend = getattr(self._backend, "close", None)
         if close_backend:
             close_backend()
         if failures:
             raise failures[0]
 
     def __enter__(self) -> SandboxManager:
-        return self
+        return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -379,6 +426,13 @@ class SandboxManager:
                 )
             )
 
+    def _close_record(self, sandbox_id: str) -> None:
+        with store.session(self.db_url) as db:
+            record = db.get(store.SandboxRecord, sandbox_id)
+            if record is not None and record.owner == self.owner and record.status in LIVE:
+                record.status, record.deleted_at = "deleted", time.time()
+                db.add(record)
+
     def _mark_reaped(self, sandbox_id: str, reason: str) -> None:
         with store.session(self.db_url) as db:
             record = db.get(store.SandboxRecord, sandbox_id)
@@ -417,6 +471,8 @@ class _ExecRecorder:
         self.db_url = db_url or settings().db_url
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, daemon=True, name="orchard-exec-recorder")
+
+    def start(self) -> None:
         self._thread.start()
 
     def put(self, job_id: str, sandbox_id: str, command: str, result, started_at: float) -> None:
@@ -424,14 +480,17 @@ class _ExecRecorder:
 
     def flush(self, timeout: float = 30.0) -> None:
         """Block until everything queued so far is written (or failed to be)."""
+        if not self._thread.is_alive():
+            return
         written = threading.Event()
         self._queue.put(written)
         written.wait(timeout)
 
     def close(self) -> None:
-        """Flush what is queued, then stop."""
-        self._queue.put(None)
-        self._thread.join(timeout=30)
+        """Flush what is queued, then stop (nothing to do if it never started)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout=30)
 
     def _run(self) -> None:
         while True:

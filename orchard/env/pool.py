@@ -41,6 +41,8 @@ def pool_key(spec: SandboxSpec) -> PoolKey:
         spec.cpu,
         spec.memory_bytes,
         spec.pids,
+        spec.disk_bytes,
+        tuple(sorted(spec.tmpfs.items())),
         spec.ttl,
         spec.workdir,
         tuple(sorted(spec.env.items())),

@@ -4,8 +4,9 @@ A terminal speaks the JSON frames of `ORCHARD_ENV_API.md` (client: `init`, `stdi
 `resize`, `close`; server: `ready`, `stdout`, `exit`, `error`). Straight to an agent they travel
 one per line over an upgraded HTTP connection (`POST /pty`, `Upgrade: orchard-pty`); through the
 service, one per WebSocket message on `/sandboxes/{id}/exec/pty`. The service only relays them.
-`Terminal` hides which one is used; `attach_terminal` wires one to the user's terminal. Frames
-come from the sandbox, so each is bounded (`MAX_FRAME`) and checked (`parse_frame`).
+`Terminal` (blocking) and `AsyncTerminal` (asyncio) hide which one is used, each over its own
+twin transports; `attach_terminal` wires a `Terminal` to the user's terminal. Frames come from
+the sandbox, so each is bounded (`MAX_FRAME`) and checked (`parse_frame`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from orchard.env.transport import MAX_HEADERS, _address, _Connection, open_agent
 from orchard.errors import AgentError, InvalidRequest
 
 if TYPE_CHECKING:
+    from websockets.typing import Subprotocol
+
     from orchard.env.backends.base import AgentEndpoint
 
 UPGRADE = "orchard-pty"
@@ -58,25 +61,70 @@ def init_frame(
 
 
 class Frames(Protocol):
-    """One of the two transports of PTY frames."""
+    """One of the two blocking transports of PTY frames."""
 
     def send(self, frame: dict[str, Any]) -> None: ...
     def recv(self) -> dict[str, Any] | None: ...
     def close(self) -> None: ...
 
 
-class Terminal:
-    """A process on a pseudo-terminal in a sandbox. Read its frames with `recv` until `exit`."""
+class AsyncFrames(Protocol):
+    """One of the two asyncio transports of PTY frames."""
 
-    def __init__(self, frames: Frames):
-        self._frames = frames
+    async def send(self, frame: dict[str, Any]) -> None: ...
+    async def recv(self) -> dict[str, Any] | None: ...
+    async def close(self) -> None: ...
+
+
+def stdin_frame(data: bytes | str) -> dict[str, Any]:
+    raw = data.encode() if isinstance(data, str) else data
+    return {"type": "stdin", "data": base64.b64encode(raw).decode()}
+
+
+class _Seen:
+    """What `Terminal` and `AsyncTerminal` learn from the frames they read: the pid, the exit code."""
+
+    def __init__(self) -> None:
         self.pid: int | None = None
         self.exit_code: int | None = None
 
+    def _note(self, frame: dict[str, Any] | None) -> dict[str, Any] | None:
+        if frame is not None:
+            if frame.get("type") == "ready":
+                self.pid = frame.get("pid")
+            elif frame.get("type") == "exit":
+                self.exit_code = frame.get("code")
+        return frame
+
+
+def _output_until(seen: bytes, frame: dict[str, Any] | None, needle: bytes, limit: int) -> bytes:
+    """`seen` and the output `frame` carries; AgentError once the process ended or `limit` is passed."""
+    if frame is None or frame["type"] in ("exit", "error"):
+        raise AgentError(f"the terminal ended before {needle!r} appeared; output: {seen[-500:]!r}")
+    if frame["type"] == "stdout":
+        seen += base64.b64decode(frame["data"])
+    if len(seen) > limit:
+        raise AgentError(f"{needle!r} did not appear in {limit} bytes of output")
+    return seen
+
+
+def _ended(frame: dict[str, Any] | None) -> bool:
+    """Whether the connection closed (for `wait`); an error frame raises AgentError."""
+    if frame is not None and frame["type"] == "error":
+        raise AgentError(f"terminal failed: {frame.get('message')}")
+    return frame is None
+
+
+class Terminal(_Seen):
+    """A process on a pseudo-terminal in a sandbox. Read its frames with `recv` until `exit`."""
+
+    def __init__(self, frames: Frames):
+        super().__init__()
+        self._frames = frames
+
     def write(self, data: bytes | str) -> None:
         """Type into the terminal."""
-        raw = data.encode() if isinstance(data, str) else data
-        self._frames.send({"type": "stdin", "data": base64.b64encode(raw).decode()})
+        self._frames.send(stdin_frame(data))
 
     def resize(self, rows: int, cols: int) -> None:
         self._frames.send({"type": "resize", "rows": rows, "cols": cols})
@@ -87,35 +135,19 @@ class Terminal:
 
     def recv(self) -> dict[str, Any] | None:
         """The next frame from the sandbox (None once the connection is closed)."""
-        frame = self._frames.recv()
-        if frame is not None:
-            if frame.get("type") == "ready":
-                self.pid = frame.get("pid")
-            elif frame.get("type") == "exit":
-                self.exit_code = frame.get("code")
-        return frame
+        return self._note(self._frames.recv())
 
     def read_until(self, needle: bytes, limit: int = 1 << 20) -> bytes:
         """Output up to and including `needle` (raises AgentError if the process ends first)."""
         seen = b""
         while needle not in seen:
-            frame = self.recv()
-            if frame is None or frame["type"] in ("exit", "error"):
-                raise AgentError(f"the terminal ended before {needle!r} appeared; output: {seen[-500:]!r}")
-            if frame["type"] == "stdout":
-                seen += base64.b64decode(frame["data"])
-            if len(seen) > limit:
-                raise AgentError(f"{needle!r} did not appear in {limit} bytes of output")
+            seen = _output_until(seen, self.recv(), needle, limit)
         return seen
 
     def wait(self) -> int | None:
         """Read (and drop) output until the process exits; its exit code."""
-        while self.exit_code is None:
-            frame = self.recv()
-            if frame is None:
-                break
-            if frame["type"] == "error":
-                raise AgentError(f"terminal failed: {frame.get('message')}")
+        while self.exit_code is None and not _ended(self.recv()):
+            pass
         return self.exit_code
 
     def close(self) -> None:
@@ -129,6 +161,54 @@ class Terminal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AsyncTerminal(_Seen):
+    """The asyncio twin of `Terminal`."""
+
+    def __init__(self, frames: AsyncFrames):
+        super().__init__()
+        self._frames = frames
+
+    async def write(self, data: bytes | str) -> None:
+        """Type into the terminal."""
+        await self._frames.send(stdin_frame(data))
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self._frames.send({"type": "resize", "rows": rows, "cols": cols})
+
+    async def signal(self, sig: str) -> None:
+        """Send TERM, KILL, INT, HUP or QUIT to the terminal's process group."""
+        await self._frames.send({"type": "signal", "sig": sig})
+
+    async def recv(self) -> dict[str, Any] | None:
+        """The next frame from the sandbox (None once the connection is closed)."""
+        return self._note(await self._frames.recv())
+
+    async def read_until(self, needle: bytes, limit: int = 1 << 20) -> bytes:
+        """Output up to and including `needle` (raises AgentError if the process ends first)."""
+        seen = b""
+        while needle not in seen:
+            seen = _output_until(seen, await self.recv(), needle, limit)
+        return seen
+
+    async def wait(self) -> int | None:
+        """Read (and drop) output until the process exits; its exit code."""
+        while self.exit_code is None and not _ended(await self.recv()):
+            pass
+        return self.exit_code
+
+    async def close(self) -> None:
+        """End the process (TERM) and the connection."""
+        with contextlib.suppress(OSError, AgentError):
+            await self._frames.send({"type": "close"})
+        await self._frames.close()
+
+    async def __aenter__(self) -> AsyncTerminal:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 def _upgrade_request(auth: str) -> bytes:
@@ -222,33 +302,53 @@ class AgentFrames:
         self.sock.close()
 
 
+def _pty_url(url: str, sandbox_id: str) -> str:
+    """The service's WebSocket route for terminals of `sandbox_id`."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = "wss" if parts.scheme == "https" else "ws"
+    return urllib.parse.urlunsplit(
+        (scheme, parts.netloc, f"{parts.path.rstrip('/')}/sandboxes/{sandbox_id}/exec/pty", "", "")
+    )
+
+
+def _key_protocol(api_key: str | None) -> list[Subprotocol] | None:
+    """The API key as a WebSocket subprotocol (browsers cannot set headers on a WebSocket)."""
+    from websockets.typing import Subprotocol
+
+    return [Subprotocol(f"api_key.{api_key}")] if api_key else None
+
+
+def _service_refusal(url: str, exc: Exception) -> Exception:
+    """The error for a WebSocket handshake with the service that failed (`exc`)."""
+    from websockets.exceptions import InvalidStatus
+
+    if isinstance(exc, InvalidStatus):
+        status = exc.response.status_code
+        if status in (401, 403):
+            return InvalidRequest(f"the service refused the API key (HTTP {status}); check ORCHARD_API_KEY")
+        return AgentError(f"the service refused the terminal (HTTP {status})")
+    return AgentError(f"could not open a terminal through {url}: {exc}")
+
+
 class ServiceFrames:
     """Frames as WebSocket messages to an `orchard up` service (blocking)."""
 
     def __init__(self, url: str, sandbox_id: str, api_key: str | None, timeout: float = 10.0):
-        from websockets.exceptions import InvalidHandshake, InvalidStatus
+        from websockets.exceptions import InvalidHandshake
         from websockets.sync.client import connect
 
-        parts = urllib.parse.urlsplit(url)
-        scheme = "wss" if parts.scheme == "https" else "ws"
-        ws_url = urllib.parse.urlunsplit(
-            (scheme, parts.netloc, f"{parts.path.rstrip('/')}/sandboxes/{sandbox_id}/exec/pty", "", "")
-        )
-        protocols = [f"api_key.{api_key}"] if api_key else None
         self._stack = contextlib.ExitStack()
         try:
             self.ws = self._stack.enter_context(
-                connect(ws_url, subprotocols=protocols, open_timeout=timeout, max_size=MAX_FRAME)  # type: ignore[arg-type]
+                connect(
+                    _pty_url(url, sandbox_id),
+                    subprotocols=_key_protocol(api_key),
+                    open_timeout=timeout,
+                    max_size=MAX_FRAME,
+                )
             )
-        except InvalidStatus as exc:
-            status = exc.response.status_code
-            if status in (401, 403):
-                raise InvalidRequest(
-                    f"the service refused the API key (HTTP {status}); check ORCHARD_API_KEY"
-                ) from None
-            raise AgentError(f"the service refused the terminal (HTTP {status})") from None
         except (OSError, InvalidHandshake, TimeoutError) as exc:
-            raise AgentError(f"could not open a terminal through {url}: {exc}") from exc
+            raise _service_refusal(url, exc) from None
 
     def send(self, frame: dict[str, Any]) -> None:
         from websockets.exceptions import ConnectionClosed
@@ -268,6 +368,79 @@ class ServiceFrames:
 
     def close(self) -> None:
         self._stack.close()
+
+
+class AsyncAgentFrames:
+    """Frames as JSON lines on an upgraded connection to an agent (asyncio); made by `open`."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self._reader, self._writer = reader, writer
+
+    @classmethod
+    async def open(cls, endpoint: AgentEndpoint, timeout: float = 10.0) -> AsyncAgentFrames:
+        try:
+            async with asyncio.timeout(timeout):
+                return cls(*await open_agent_relay(endpoint))
+        except TimeoutError:
+            raise AgentError(f"no answer from the sandbox's agent within {timeout:g} s") from None
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        try:
+            self._writer.write(json.dumps(frame, separators=(",", ":")).encode() + b"\n")
+            await self._writer.drain()
+        except OSError as exc:
+            raise AgentError(f"the terminal's connection is closed: {exc}") from exc
+
+    async def recv(self) -> dict[str, Any] | None:
+        try:
+            line = await self._reader.readline()  # bounded: the relay's reader holds MAX_FRAME at most
+        except ValueError:
+            raise AgentError(f"a terminal frame from the sandbox is over {MAX_FRAME} bytes") from None
+        except OSError:
+            return None
+        return parse_frame(line) if line.strip() else None
+
+    async def close(self) -> None:
+        self._writer.close()
+
+
+class AsyncServiceFrames:
+    """Frames as WebSocket messages to an `orchard up` service (asyncio); made by `open`."""
+
+    def __init__(self, ws: Any):
+        self.ws = ws
+
+    @classmethod
+    async def open(cls, url: str, sandbox_id: str, api_key: str | None, timeout: float = 10.0) -> AsyncServiceFrames:
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import InvalidHandshake
+
+        try:
+            ws = await connect(
+                _pty_url(url, sandbox_id), subprotocols=_key_protocol(api_key), open_timeout=timeout, max_size=MAX_FRAME
+            )
+        except (OSError, InvalidHandshake, TimeoutError) as exc:
+            raise _service_refusal(url, exc) from None
+        return cls(ws)
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            await self.ws.send(json.dumps(frame))
+        except ConnectionClosed as exc:
+            raise AgentError(f"the terminal's connection is closed: {exc}") from exc
+
+    async def recv(self) -> dict[str, Any] | None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            return parse_frame(await self.ws.recv())
+        except ConnectionClosed:
+            return None
+
+    async def close(self) -> None:
+        await self.ws.close()
 
 
 async def open_agent_relay(endpoint: AgentEndpoint) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

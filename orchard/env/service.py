@@ -32,7 +32,6 @@ import contextlib
 import dataclasses
 import functools
 import hmac
-import json
 import logging
 import math
 import os
@@ -55,9 +54,9 @@ from starlette.concurrency import run_in_threadpool
 from orchard import __version__
 from orchard.config import private_file, private_folder, settings
 from orchard.env.backends import DockerConfig, backend_config
-from orchard.env.backends.base import SANDBOX_ID, SandboxSpec, check_sandbox_id, parse_memory
+from orchard.env.backends.base import SANDBOX_ID, SandboxSpec, check_sandbox_id, make_spec, parse_memory
 from orchard.env.calls import ARCHIVE_LIMIT, READ_LIMIT, AgentCalls, ExecResult, asend, command_text
-from orchard.env.client import make_spec
+from orchard.env.discovery import remove_state, write_state
 from orchard.env.manager import SandboxInfo, SandboxManager, async_agent_http, new_sandbox_id
 from orchard.env.pty import open_agent_relay
 from orchard.env.transport import AsyncAgentChannel
@@ -283,7 +282,7 @@ class Service:
         sandbox_id = body.sandbox_id or new_sandbox_id()
         self._starting += 1
         try:
-            info = await run_in_threadpool(self.manager.start, spec, sandbox_id=sandbox_id)
+            info = await run_in_threadpool(self.manager.launch, spec, sandbox_id=sandbox_id)
         except (NotFound, SandboxError):  # failed at once; the store keeps it `failed` with the reason
             self._starting -= 1
             failed = self.manager.recorded(sandbox_id)
@@ -557,6 +556,7 @@ def create_app(service: Service) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
+        await run_in_threadpool(service.manager.start)  # a no-op for a manager started already
         service.spawn(service.housekeep())
         try:
             yield
@@ -906,17 +906,6 @@ def load_or_create_key() -> str:
     return key
 
 
-def write_state(url: str, api_key: str) -> None:
-    """Record where this service runs (mode 0600) so `orchard` and the SDK find it."""
-    path = settings().service_state
-    private_folder(path.parent)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "url": url, "api_key": api_key, "started_at": time.time()}, f)
-    os.replace(tmp, path)
-
-
 def read_key_file(path: Path) -> str:
     """The API key in `path` (a key is never passed on a command line: any user can read argv)."""
     try:
@@ -950,18 +939,18 @@ def serve(
         if not isinstance(where, DockerConfig):
             raise ConfigError(f"--runtime is an option of the docker backend, not of {backend!r}")
         where.runtime = runtime
-    manager = SandboxManager(where, owner=None)
+    manager = SandboxManager(where, owner=None).start()
     for image, size in wanted:
         manager.pools.warm(spec_of(CreateSandbox(image=image)), size)
     service = Service(manager, key)
     config = uvicorn.Config(create_app(service), host=host, port=port, log_level="warning", **UVICORN_OPTIONS)
-    write_state(f"http://{host}:{port}", key)
-    service.on_close.append(_remove_state)
+    write_state(f"http://{host}:{port}", key)  # so `orchard` and the SDK find it
+    service.on_close.append(remove_state)
     try:
         uvicorn.Server(config).run()
     finally:
         manager.close()
-        _remove_state()
+        remove_state()
 
 
 def parse_pool(text: str) -> tuple[str, int]:
@@ -970,14 +959,6 @@ def parse_pool(text: str) -> tuple[str, int]:
     if not image or not size.isdigit():
         raise ConfigError(f"a pool is IMAGE=SIZE, such as orchard/base:bookworm=4; not {text!r}")
     return image, int(size)
-
-
-def _remove_state() -> None:
-    """Remove the state file if it is this process's."""
-    with contextlib.suppress(OSError, ValueError):
-        state = json.loads(settings().service_state.read_text())
-        if state.get("pid") == os.getpid():
-            settings().service_state.unlink()
 
 
 def main(argv: list[str] | None = None) -> None:

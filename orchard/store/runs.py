@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlmodel import col, select
 
-from orchard.env.backends.base import owner_alive, process_owner
+from orchard.process import owner_alive, process_owner
 from orchard.store import MetricRecord, ResultRecord, RunRecord, session
 
 

@@ -24,7 +24,7 @@ import pytest
 from orchard.env.backends.base import AgentEndpoint
 from orchard.env.calls import AgentCalls, send
 from orchard.env.client import AsyncSandbox, Sandbox
-from orchard.env.pty import AgentFrames, open_agent_relay
+from orchard.env.pty import AgentFrames, AsyncAgentFrames, open_agent_relay
 from orchard.env.transport import AgentChannel, AsyncAgentChannel
 from orchard.errors import AgentError, InvalidRequest, OrchardError, TooLarge
 
@@ -565,6 +565,24 @@ def test_pty_frames_from_the_agent_are_bounded_and_checked(hostile):
     with pytest.raises(AgentError, match="JSON object"):
         frames.recv()
     frames.close()
+
+
+def test_async_pty_frames_from_the_agent_are_bounded_and_checked(hostile):
+    upgraded = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: orchard-pty\r\nConnection: Upgrade\r\n\r\n"
+
+    async def first_frame(answer: bytes) -> None:
+        frames = await AsyncAgentFrames.open(hostile(answer).endpoint)
+        try:
+            await frames.recv()
+        finally:
+            await frames.close()
+
+    with pytest.raises(AgentError, match="over"):
+        asyncio.run(first_frame(upgraded + b"x" * (2 * 1024 * 1024) + b"\n"))
+    with pytest.raises(AgentError, match="JSON object"):
+        asyncio.run(first_frame(upgraded + b"[1]\n"))
+    with pytest.raises(AgentError, match="refused the terminal: no"):
+        asyncio.run(first_frame(http_answer(json.dumps({"error": "no"}).encode(), "application/json")))
 
 
 def test_max_bytes_must_be_a_size():

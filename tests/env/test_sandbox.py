@@ -250,8 +250,49 @@ def test_sandboxes_do_not_outlive_their_process(ending, base_image, docker_clien
         child.send_signal({"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}[ending])
     child.wait(timeout=60)
     if ending == "sigkill":  # nothing in the child ran: the next manager (here or elsewhere) reaps it
-        SandboxManager("docker", db_url=db, reap_interval=None).close()
+        SandboxManager("docker", db_url=db, reap_interval=None).start().close()
     assert not docker_client.api.containers(all=True, filters={"name": name})
+
+
+def test_a_manager_does_nothing_until_it_is_started(base_image, tmp_path):
+    """Made, a manager has touched neither the engine nor the store; `start()` connects, recovers, once."""
+    import socket
+
+    from orchard.env.backends import DockerConfig, SandboxSpec
+    from orchard.env.manager import SandboxManager
+    from orchard.errors import EngineUnavailable
+
+    nowhere = SandboxManager(
+        DockerConfig(base_url="unix:///nonexistent/docker.sock"), db_url=f"sqlite:///{tmp_path}/n.db"
+    )
+    assert not (tmp_path / "n.db").exists()
+    with pytest.raises(SandboxError, match="not started"):
+        nowhere.create(SandboxSpec(image=base_image))
+    with pytest.raises(EngineUnavailable, match="Docker engine"):
+        nowhere.start()
+    nowhere.close()
+
+    db = f"sqlite:///{tmp_path}/o.db"
+    with store.session(db) as session:  # what a process killed outright left open
+        session.add(
+            store.SandboxRecord(
+                id="crashed",
+                backend="docker",
+                image=base_image,
+                network="blocked",
+                owner=f"{socket.gethostname()}:999999999:1",
+                status="ready",
+                created_at=time.time(),
+                ttl=60.0,
+            )
+        )
+    manager = SandboxManager("docker", db_url=db, reap_interval=None)
+    assert manager.recorded("crashed").status == "ready" and manager.recovered_at_start == 0
+    with manager:
+        assert manager.recorded("crashed").status == "deleted" and manager.recovered_at_start == 1
+        assert manager.start() is manager and manager.recovered_at_start == 1  # idempotent
+    with pytest.raises(SandboxError, match="closed"):
+        manager.start()
 
 
 def test_reaper_removes_expired_sandboxes(base_image, docker_client, tmp_path):
@@ -333,6 +374,39 @@ async def test_async_sdk_embedded_records_and_cleans_up(base_image, tmp_path, do
     with store.session(db) as session:
         commands = sorted(r.command for r in session.exec(select(store.ExecRecord)).all())
     assert commands == ["echo 0", "echo 1", "echo 2"]
+
+
+async def test_async_sdk_embedded_has_what_the_sync_one_has(base_image, tmp_path, docker_client):
+    """Warm pools, attach, list, terminals, and keep refused, as `Client` has them (and a pool per kind)."""
+    import asyncio
+
+    from orchard.env import AsyncClient
+    from orchard.errors import ConfigError
+
+    async with AsyncClient(db_url=f"sqlite:///{tmp_path}/o.db") as client:
+        with pytest.raises(ConfigError, match="keep=True needs"):
+            await client.create(base_image, keep=True)
+        manager = client._manager
+        await client.warm(base_image, 1)
+        await asyncio.to_thread(_wait_for_pool, manager, 1)
+        pooled = {info.sandbox_id for info in manager.list()}
+        scratch = await client.create(base_image, tmpfs={"/scratch": "16Mi"})  # another kind: started anew
+        assert scratch.id not in pooled
+        assert (await scratch.exec("grep -c ' /scratch ' /proc/mounts")).stdout == "1\n"
+        box = await client.create(base_image)  # the pool's kind: handed over
+        assert box.id in pooled and repr(box) == f"<AsyncSandbox {box.id} {base_image}>"
+        assert client.attach(box.id) is box
+        assert {box.id, scratch.id} <= {row["sandbox_id"] for row in await client.list()}
+        async with await box.terminal(["sh", "-c", "read line; echo got:$line; exit 3"], rows=30) as term:
+            assert (await term.recv())["type"] == "ready" and term.pid
+            await term.write("ping\n")
+            assert b"got:ping" in await term.read_until(b"got:ping")
+            assert await term.wait() == 3
+        ids = [info.sandbox_id for info in manager.list()]
+    for sandbox_id in ids:
+        assert not docker_client.api.containers(all=True, filters={"name": f"orchard-{sandbox_id}"})
+    with pytest.raises(SandboxError, match="closed"):
+        client.attach(box.id)
 
 
 def test_persistent_shell_sessions_keep_state_like_a_terminal(box):

@@ -248,6 +248,35 @@ def test_warm_pool_through_the_service(http, base_image):
     http.delete(f"/sandboxes/{created['sandbox_id']}")
 
 
+async def test_async_sdk_through_the_service_has_what_the_sync_one_has(service, http, base_image):
+    """Warm, keep, list, attach and terminals (over the WebSocket) through `orchard up`."""
+    from orchard.env import AsyncClient
+
+    url, key = service
+    async with AsyncClient(url=url, api_key=key) as client:
+        await client.warm(base_image, 1, memory="1Gi")  # the pool of test_warm_pool_through_the_service
+        sizes = [(p["image"], p["size"]) for p in http.get("/pools").json()["pools"]]
+        assert (base_image, 1) in sizes
+        await client.warm(base_image, 0, memory="1Gi")
+        kept = await client.create(base_image, keep=True)
+        assert kept.image == base_image
+        assert kept.id in [row["sandbox_id"] for row in await client.list()]
+    assert http.get(f"/sandboxes/{kept.id}").json()["status"] == "ready"  # it outlived its client
+    async with AsyncClient(url=url, api_key=key) as other:
+        box = other.attach(kept.id)
+        assert (await box.exec("echo attached")).stdout == "attached\n"
+        async with await box.terminal(["bash", "-c", "read line; echo got:$line; exit 7"]) as term:
+            assert (await term.recv())["type"] == "ready"
+            await term.write("ping\n")
+            assert b"got:ping" in await term.read_until(b"got:ping")
+            assert await term.wait() == 7
+        await box.delete()
+    assert http.get(f"/sandboxes/{kept.id}").status_code == 404
+    async with AsyncClient(url=url, api_key="wrong") as stranger:
+        with pytest.raises(InvalidRequest, match="API key"):
+            await stranger.attach(kept.id).terminal()
+
+
 def test_overload_is_503_and_the_sdk_waits_it_out(base_image, tmp_path, start_service):
     """One sandbox may start at a time: the second create is refused, then retried by the SDK."""
     from concurrent.futures import ThreadPoolExecutor

@@ -1,10 +1,9 @@
-"""The Backend protocol and the plain data it speaks."""
+"""The Backend protocol and the plain data it speaks (`make_spec` checks what a user asks for into a spec)."""
 
 from __future__ import annotations
 
-import os
+import math
 import re
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -145,6 +144,52 @@ def parse_memory(memory: str | int | None) -> int | None:
     return value
 
 
+def make_spec(
+    image: str,
+    *,
+    network: Network = "blocked",
+    cpu: float | None = None,
+    memory: str | int | None = None,
+    disk: str | int | None = None,
+    tmpfs: dict[str, str | int] | None = None,
+    ttl: float = 7200.0,
+    env: dict[str, str] | None = None,
+    run_id: str | None = None,
+) -> SandboxSpec:
+    """Validate what a user asks for (SDK arguments, a service request) into a spec, one clear error per mistake."""
+    if not isinstance(image, str) or not image.strip():
+        raise InvalidRequest("image must be a non-empty image reference such as orchard/base:bookworm")
+    if network not in ("blocked", "open"):
+        raise InvalidRequest(f"network must be 'blocked' or 'open', not {network!r}")
+    if cpu is not None and not (math.isfinite(cpu) and cpu > 0):
+        raise InvalidRequest(f"cpu must be a positive number of cores, not {cpu}")
+    if not (math.isfinite(ttl) and ttl > 0):
+        raise InvalidRequest(f"ttl must be positive seconds, not {ttl}")
+    folders: dict[str, int] = {}
+    for path, size in (tmpfs or {}).items():
+        if (
+            not isinstance(path, str)
+            or not path.startswith("/")
+            or path.rstrip("/") in ("", "/.orchard", "/.orchard-run")
+        ):
+            raise InvalidRequest(f"tmpfs path {path!r} must be an absolute folder other than / and Orchard's own")
+        parsed = parse_memory(size)
+        if not parsed:
+            raise InvalidRequest(f"tmpfs {path} needs a size such as 512Mi, not {size!r}")
+        folders[path] = parsed
+    return SandboxSpec(
+        image=image,
+        network=network,
+        cpu=cpu,
+        memory_bytes=parse_memory(memory),
+        disk_bytes=parse_memory(disk),
+        tmpfs=folders,
+        ttl=ttl,
+        env=dict(env or {}),
+        run_id=run_id,
+    )
+
+
 def labels_for(sandbox_id: str, spec: SandboxSpec) -> dict[str, str]:
     """Labels that let any later process find, expire and adopt a sandbox."""
     labels = {
@@ -158,28 +203,3 @@ def labels_for(sandbox_id: str, spec: SandboxSpec) -> dict[str, str]:
     if spec.run_id:
         labels["run"] = spec.run_id
     return {LABEL_PREFIX + k: v for k, v in labels.items()}
-
-
-def process_owner(pid: int | None = None) -> str:
-    """An owner string naming this process uniquely over time: host, pid and start time."""
-    pid = pid or os.getpid()
-    return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
-
-
-def owner_alive(owner: str) -> bool:
-    """False only when `owner` names a process of this host that is gone (pid reuse included)."""
-    host, _, rest = owner.partition(":")
-    pid_text, _, started = rest.partition(":")
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return True  # not ours to judge: another host, or a named owner such as a service
-    return _start_time(int(pid_text)) == started != ""
-
-
-def _start_time(pid: int) -> str:
-    """The process's start time in clock ticks since boot ('' if no such process)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return ""
-    return stat.rsplit(b")", 1)[1].split()[19].decode()
