@@ -13,13 +13,20 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from orchard.tasks.base import Step
 
 if TYPE_CHECKING:
     from orchard.env.client import Sandbox
 
 Message = dict[str, Any]
 """An OpenAI chat message."""
+
+Observation = str | list[dict[str, Any]]
+"""What an action shows the model: text, or OpenAI content parts (`{"type": "text", "text": ...}`,
+`{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`), so a browser's
+screenshots travel through the same loop, store and trajectory export as a shell's output."""
 
 MAX_OBSERVATION = 10_000
 """Characters of one observation shown to the model (head and tail kept)."""
@@ -71,17 +78,6 @@ class FormatError(Exception):
     """The reply could not be turned into actions; the message is shown to the model."""
 
 
-@dataclass
-class Step:
-    """A harness-neutral action, for scripted models: run a shell command, write a file, submit."""
-
-    kind: Literal["bash", "write", "submit"]
-    command: str = ""
-    path: str = ""
-    content: str = ""
-    thought: str = ""
-
-
 class Harness(Protocol):
     """The interface a model works through. See `orchard/agents/bash.py` for a complete one."""
 
@@ -91,8 +87,11 @@ class Harness(Protocol):
     def task_prompt(self, task: dict[str, Any]) -> str: ...
     def tools(self) -> list[dict[str, Any]] | None: ...
     def parse(self, reply: Reply) -> list[Action]: ...
-    def execute(self, action: Action, box: Sandbox, workdir: str) -> str: ...
-    def observation_messages(self, action: Action, observation: str) -> list[Message]: ...
+    def execute(self, action: Action, box: Sandbox, workdir: str) -> Observation: ...
+    def observation_messages(self, action: Action, observation: Any) -> list[Message]: ...
+
+    """`observation` is what this harness's `execute` returned."""
+
     def format_error_messages(self, reply: Reply, error: FormatError) -> list[Message]: ...
     def encode(self, step: Step, index: int) -> Reply: ...
 
@@ -137,8 +136,15 @@ def json_arguments(call: ToolCall) -> dict[str, Any]:
 
 
 def task_text(task: dict[str, Any]) -> str:
-    return (
-        f"<issue>\n{task['problem_statement'].strip()}\n</issue>\n\n"
-        f"The repository {task['repo']} is checked out at {task['workdir']} (your shell starts there). "
-        "Change the source code so that the issue is resolved; do not change the tests."
+    """The task as the first user turn: its kind's `prompt()`, which the loop adds to the public view."""
+    return str(task["prompt"])
+
+
+def observation_text(observation: Observation) -> str:
+    """The text of an observation; images are named, not inlined (the store keeps the messages whole)."""
+    if isinstance(observation, str):
+        return observation
+    return "\n".join(
+        str(part.get("text", "")) if part.get("type") == "text" else f"[{part.get('type', 'part')}]"
+        for part in observation
     )

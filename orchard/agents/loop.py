@@ -1,30 +1,33 @@
 """The agent loop: a model works a task through a harness in a sandbox until it submits or a limit
 is reached; every step is kept.
 
-Limits: steps, total tokens, wall time. A reply the harness cannot parse is fed back to the model
-as a format error and counted (`Limits.max_format_errors` in a row abort the episode). A model or
-sandbox failure ends the episode as `aborted` with the reason; the patch is whatever the working
-tree holds then. Statuses: `completed` (submitted), `truncated` (steps or tokens ran out),
-`time_limit`, `aborted`.
+The task may be of any kind (`orchard.tasks.base`): the loop starts it in the sandbox
+(`task.start`), shows the model its `public()` view with its `prompt()`, and takes its
+`submission` from the sandbox at the end (SWE: the working tree's diff). Limits: steps, total
+tokens, wall time. A reply the harness cannot parse is fed back to the model as a format error
+and counted (`Limits.max_format_errors` in a row abort the episode). A model or sandbox failure
+ends the episode as `aborted` with the reason; the submission is whatever the sandbox holds then.
+Statuses: `completed` (submitted), `truncated` (steps or tokens ran out), `time_limit`, `aborted`.
+Observations may be text or content parts with images (`orchard.agents.base.Observation`).
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchard.agents.base import FormatError, Harness, Message
+from orchard.agents.base import FormatError, Harness, Message, observation_text
 from orchard.errors import OrchardError
 from orchard.store import StepRecord, TrajectoryRecord, session
 
 if TYPE_CHECKING:
     from orchard.agents.models import ModelSession
     from orchard.env.client import Sandbox
-    from orchard.tasks.schema import SWETask
+    from orchard.tasks.base import TaskBase
 
 
 @dataclass(frozen=True)
@@ -51,13 +54,14 @@ class StepLog:
 @dataclass
 class Episode:
     trajectory_id: str
-    task: SWETask
+    task: TaskBase
     harness: str
     model: str
     messages: list[Message]
     tools: list[dict[str, Any]] | None
     status: str
-    patch: str = ""
+    submission: str = ""
+    """What the task's kind took from the sandbox at the end (SWE: the working tree's diff)."""
     error: str | None = None
     steps: list[StepLog] = field(default_factory=list)
     format_errors: int = 0
@@ -73,16 +77,18 @@ class Episode:
 
 
 def run_episode(
-    task: SWETask,
+    task: TaskBase,
     harness: Harness,
     model: ModelSession,
     box: Sandbox,
     *,
     model_name: str,
     limits: Limits = Limits(),
+    on_step: Callable[[int, Sandbox], object] | None = None,
 ) -> Episode:
-    """Let `model` work `task` in `box` (a fresh sandbox of the task's image) through `harness`."""
-    public = task.public()
+    """Let `model` work `task` in `box` (a fresh sandbox of the task's image) through `harness`;
+    `on_step(index, box)` runs after each step (credit by replay measures progress there)."""
+    public = {**task.public(), "prompt": task.prompt()}
     messages: list[Message] = [
         {"role": "system", "content": harness.system_prompt(public)},
         {"role": "user", "content": harness.task_prompt(public)},
@@ -92,7 +98,7 @@ def run_episode(
     started = time.monotonic()
     in_a_row = 0
     try:
-        box.exec(f"cd {shlex.quote(task.workdir)}", session="agent")
+        task.start(box)
         for index in range(limits.max_steps):
             if time.monotonic() - started > limits.max_seconds:
                 episode.status = "time_limit"
@@ -100,7 +106,10 @@ def run_episode(
             if episode.prompt_tokens + episode.completion_tokens > limits.max_tokens:
                 episode.status = "truncated"
                 break
-            if _step(episode, index, harness, model, box, tools):
+            submitted = _step(episode, index, harness, model, box, tools)
+            if on_step is not None:
+                on_step(index, box)
+            if submitted:
                 episode.status = "completed"
                 break
             in_a_row = in_a_row + 1 if episode.steps[-1].format_error else 0
@@ -109,7 +118,7 @@ def run_episode(
                 break
     except OrchardError as exc:  # the model server or the sandbox failed
         episode.status, episode.error = "aborted", str(exc)
-    episode.patch = working_tree_patch(box, task.workdir)
+    episode.submission = task.submission(box)
     episode.duration = time.monotonic() - started
     return episode
 
@@ -141,34 +150,9 @@ def _step(episode: Episode, index: int, harness: Harness, model: ModelSession, b
         observation = harness.execute(action, box, episode.task.workdir)
         observations.append(observation)
         episode.messages.extend(harness.observation_messages(action, observation))
-    log.observation = "\n".join(observations)
+    log.observation = "\n".join(observation_text(o) for o in observations)
     log.duration = time.monotonic() - started
     return submitted
-
-
-PATCH_SCRIPT = (
-    'index="$(mktemp)" && cp "$(git rev-parse --git-path index)" "$index" 2>/dev/null; '
-    'GIT_INDEX_FILE="$index" git -c core.hooksPath=/dev/null add -A && GIT_INDEX_FILE="$index" git '
-    "-c core.hooksPath=/dev/null diff --cached --binary --no-color --no-ext-diff --no-textconv "
-    "--src-prefix=a/ --dst-prefix=b/ HEAD; "
-    'status=$?; rm -f "$index"; exit $status'
-)
-"""`git add -A && git diff --cached HEAD` on a copy of the index, so taking a diff changes nothing
-the agent (or a replay) sees: staged state, `git checkout -- .` and `git stash` behave as before.
-The options keep the diff plain whatever the repository's configuration says (no colour, no
-external diff or textconv driver, the usual `a/` `b/` prefixes)."""
-
-
-def working_tree_patch(box: Sandbox, workdir: str) -> str:
-    """Everything changed in the repository, untracked files included, as one git diff.
-
-    It is what the sandbox answers, so it is untrusted: the agent may have replaced `git` there
-    and hand back any text. The grader reads every patch as such (`orchard.tasks.grading`)."""
-    try:
-        result = box.exec(PATCH_SCRIPT, cwd=workdir, timeout=120)
-    except OrchardError:
-        return ""
-    return result.stdout if result.exit_code == 0 else ""
 
 
 def save_episode(episode: Episode, *, run_id: str | None, sample: int, db_url: str | None = None) -> None:
@@ -186,7 +170,7 @@ def save_episode(episode: Episode, *, run_id: str | None, sample: int, db_url: s
                 error=episode.error,
                 messages=json.dumps(episode.messages),
                 tools=json.dumps(episode.tools),
-                patch=episode.patch,
+                patch=episode.submission,
                 steps=len(episode.steps),
                 prompt_tokens=episode.prompt_tokens,
                 completion_tokens=episode.completion_tokens,

@@ -1,10 +1,11 @@
 """Models the agent loop can drive, named by a spec string:
 
-* `scripted:gold` replays, for each task, a script made from its gold patch (look around, apply
-  the fix, check, submit) in whatever harness is used; `scripted:regress` does the same but
-  reverts the fix before submitting (unresolved, with one productive stretch); `scripted:FILE` replays steps from a JSON
-  file (`{instance_id: [step, ...]}`, steps as `orchard.agents.base.Step` fields); `noop`
-  submits at once. For tests and offline demos.
+* `scripted:gold` replays, for each task, the script its kind makes from its known solution
+  (`task.script("gold")`; for SWE: look around, apply the gold patch, check, submit) in whatever
+  harness is used; `scripted:regress` does the same but undoes the solution before submitting
+  (unresolved, with one productive stretch); `scripted:FILE` replays steps from a JSON file
+  (`{instance_id: [step, ...]}`, steps as `orchard.agents.base.Step` fields); `noop` submits at
+  once. For tests and offline demos.
 * `openai:MODEL` (any OpenAI-compatible server: vLLM, SGLang, Ollama, hosted APIs), with the
   server from `--base-url` / `OPENAI_BASE_URL` and the key from `OPENAI_API_KEY` (or none).
 * `hf:PATH` a local `transformers` causal LM (a folder), generating on this machine.
@@ -27,9 +28,10 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from orchard.agents.base import Harness, Message, Reply, Step, ToolCall
 from orchard.errors import ConfigError, OrchardError
+from orchard.registry import load
 
 if TYPE_CHECKING:
-    from orchard.tasks.schema import SWETask
+    from orchard.tasks.base import TaskBase
 
 
 class ModelError(OrchardError):
@@ -43,7 +45,7 @@ class ModelSession(Protocol):
 class Model(Protocol):
     name: str
 
-    def session(self, task: SWETask, harness: Harness) -> ModelSession: ...
+    def session(self, task: TaskBase, harness: Harness) -> ModelSession: ...
 
 
 # -- scripted ----------------------------------------------------------------------------
@@ -64,34 +66,6 @@ class ScriptedSession:
         return reply
 
 
-def gold_script(task: SWETask) -> list[Step]:
-    """Explore a little, apply the gold patch, look at the result, submit."""
-    files = re.findall(r"^diff --git a/(\S+) b/", task.patch, re.MULTILINE)
-    first = files[0] if files else "."
-    patch = task.patch if task.patch.endswith("\n") else task.patch + "\n"
-    return [
-        Step("bash", command="git status --short && ls", thought="Let me look at the repository first."),
-        Step("bash", command=f"sed -n '1,60p' {first}", thought=f"The issue points at {first}; reading it."),
-        Step(
-            "bash",
-            command=f"git apply <<'ORCHARD_EOF'\n{patch}ORCHARD_EOF",
-            thought="I see the problem; applying the fix.",
-        ),
-        Step("bash", command="git diff --stat", thought="Checking what changed."),
-        Step("submit", thought="The fix is in place."),
-    ]
-
-
-def regressing_script(task: SWETask) -> list[Step]:
-    """The gold script, except that the fix is thrown away before submitting: unresolved, with one
-    productive stretch (the fix) for credit assignment to find."""
-    steps = gold_script(task)
-    undo = Step(
-        "bash", command="git checkout -- . && git status --short", thought="Let me start over from a clean tree."
-    )
-    return [*steps[:-1], undo, steps[-1]]
-
-
 class ScriptedModel:
     """`scripted:gold`, `scripted:regress` (fixes, then reverts), `scripted:FILE` or `noop`."""
 
@@ -110,14 +84,51 @@ class ScriptedModel:
             except (OSError, ValueError, TypeError, AttributeError) as exc:
                 raise ConfigError(f"scripted model {source}: cannot read steps ({exc})") from None
 
-    def session(self, task: SWETask, harness: Harness) -> ScriptedSession:
+    @classmethod
+    def from_spec(cls, argument: str, **_: Any) -> ScriptedModel:
+        return cls(argument)
+
+    def session(self, task: TaskBase, harness: Harness) -> ScriptedSession:
         if self._source == "noop":
             return ScriptedSession([], harness)
-        if self._source == "regress":
-            return ScriptedSession(regressing_script(task), harness)
         if self._scripts is None:
-            return ScriptedSession(gold_script(task), harness)
+            return ScriptedSession(task.script(self._source), harness)
         return ScriptedSession(self._scripts.get(task.instance_id, []), harness)
+
+
+class RecordedModel:
+    """A trajectory's own assistant turns, replayed in order (then a submit): credit by replay runs
+    a trajectory again through the same loop and harness, so its actions are parsed and executed
+    exactly as they were."""
+
+    def __init__(self, messages: list[Message], name: str = "replay"):
+        self.name = name
+        self.replies = [_reply(m) for m in messages if m.get("role") == "assistant"]
+
+    def session(self, task: TaskBase, harness: Harness) -> _ReplaySession:
+        return _ReplaySession(self.replies, harness)
+
+
+class _ReplaySession:
+    def __init__(self, replies: list[Reply], harness: Harness):
+        self.replies, self.harness, self.index = replies, harness, 0
+
+    def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> Reply:
+        self.index += 1
+        if self.index <= len(self.replies):
+            return self.replies[self.index - 1]
+        return self.harness.encode(Step("submit"), self.index)
+
+
+def _reply(message: Message) -> Reply:
+    calls = []
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        arguments = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+        calls.append(ToolCall(str(call.get("id") or f"call_{index}"), str(function.get("name")), arguments))
+    content = message.get("content")
+    return Reply(content=content if isinstance(content, str) else "", tool_calls=calls)
 
 
 # -- OpenAI-compatible servers -----------------------------------------------------------
@@ -147,7 +158,11 @@ class OpenAIModel:
             max_retries=2,
         )
 
-    def session(self, task: SWETask, harness: Harness) -> OpenAIModel:
+    @classmethod
+    def from_spec(cls, argument: str, *, base_url: str | None = None, api_key: str | None = None) -> OpenAIModel:
+        return cls(argument, base_url=base_url, api_key=api_key)
+
+    def session(self, task: TaskBase, harness: Harness) -> OpenAIModel:
         return self
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> Reply:
@@ -212,7 +227,11 @@ class TransformersModel:
         self._generate = generate or self._on_this_machine
         self._lock = threading.Lock()  # one generation at a time on this device
 
-    def session(self, task: SWETask, harness: Harness) -> TransformersModel:
+    @classmethod
+    def from_spec(cls, argument: str, **_: Any) -> TransformersModel:
+        return cls(argument)
+
+    def session(self, task: TaskBase, harness: Harness) -> TransformersModel:
         return self
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> Reply:
@@ -267,6 +286,10 @@ def _load_causal_lm(path: str | None) -> tuple[Any, Any]:
     if not folder.is_dir() and not hub_id:
         raise ConfigError(f"no model folder at {path}")
     source = str(path) if hub_id else str(folder)
+    if hub_id:
+        from orchard.config import require_hub
+
+        require_hub(source)  # offline: one line now, not half a minute of retries first
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model: Any = AutoModelForCausalLM.from_pretrained(source, dtype="auto")
@@ -293,15 +316,19 @@ def _plain_messages(messages: list[Message]) -> list[Message]:
     return plain
 
 
+MODELS: dict[str, str] = {
+    "scripted": "orchard.agents.models:ScriptedModel",
+    "openai": "orchard.agents.models:OpenAIModel",
+    "hf": "orchard.agents.models:TransformersModel",
+}
+"""Model adapters by the prefix of a spec (`PREFIX:ARGUMENT`): `name -> "module:Class"`; each class
+makes a model from the argument with `from_spec`. `noop` stands for `scripted:noop`."""
+SPECS = "scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME (with --base-url) or hf:PATH"
+
+
 def model_from_spec(spec: str, *, base_url: str | None = None, api_key: str | None = None) -> Model:
-    """`scripted:gold`, `scripted:FILE`, `noop`, `openai:NAME` or `hf:PATH`."""
-    kind, _, rest = spec.partition(":")
-    if spec == "noop":
-        return ScriptedModel("noop")
-    if kind == "scripted" and rest:
-        return ScriptedModel(rest)
-    if kind == "openai" and rest:
-        return OpenAIModel(rest, base_url=base_url, api_key=api_key)
-    if kind == "hf" and rest:
-        return TransformersModel(rest)
-    raise ConfigError(f"unknown model {spec!r}: use scripted:gold, scripted:FILE, noop, openai:NAME or hf:PATH")
+    """The model a spec names: `PREFIX:ARGUMENT` with a prefix of `MODELS`, or `noop`."""
+    prefix, _, rest = ("scripted:noop" if spec == "noop" else spec).partition(":")
+    if prefix not in MODELS or not rest:
+        raise ConfigError(f"unknown model {spec!r}: use {SPECS}")
+    return load(MODELS, prefix, "model").from_spec(rest, base_url=base_url, api_key=api_key)

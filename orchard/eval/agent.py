@@ -4,34 +4,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orchard.agents import harness_factory
-from orchard.agents.loop import Limits, run_episode, save_episode
+from orchard.agents.loop import Limits, save_episode
+from orchard.eval.attempt import play
 from orchard.eval.runner import Attempt, Solved
 
 if TYPE_CHECKING:
     from orchard.agents.models import Model
     from orchard.env.client import Client
 
-SANDBOX_MEMORY = "4Gi"
-
 
 def agent_solver(model: Model, limits: Limits | None = None, *, db_url: str | None = None):
     """A `Solver` that lets `model` work each attempt under the attempt's harness; episodes are stored."""
 
     def solve(attempt: Attempt, image: str, client: Client, run_id: str) -> Solved:
-        harness = harness_factory(attempt.harness)()
-        with client.create(image, memory=SANDBOX_MEMORY) as box:
-            episode = run_episode(
-                attempt.task,
-                harness,
-                model.session(attempt.task, harness),
-                box,
-                model_name=model.name,
-                limits=limits or Limits(),
-            )
+        episode = play(attempt.task, attempt.harness, model, client, image, limits=limits)
         save_episode(episode, run_id=run_id, sample=attempt.sample, db_url=db_url)
         return Solved(
-            patch=episode.patch,
+            submission=episode.submission,
             trajectory_id=episode.trajectory_id,
             steps=len(episode.steps),
             tokens=episode.prompt_tokens + episode.completion_tokens,

@@ -47,15 +47,18 @@ class EvalProgress:
 
 
 def results_table(summary: dict[str, Any], title: str) -> Table:
-    """One row per harness: resolve rate, suspicious attempts (when there are any), pass@k, pass^k,
-    steps, tokens, outcomes."""
+    """One row per harness: resolve rate, mean score (for kinds that grade with scores), suspicious
+    attempts (when there are any), pass@k, pass^k, steps, tokens, outcomes."""
     harnesses = summary["harnesses"]
+    scored = summary.get("metric") == "score"
     k_max = max((len(h["pass_at_k"]) for h in harnesses.values()), default=1)
     any_flagged = any(h.get("suspicious") for h in harnesses.values())
     table = Table(title=title)
     table.add_column("harness")
     table.add_column("resolved", justify="right")
     table.add_column("rate", justify="right")
+    if scored:
+        table.add_column("score", justify="right")
     if any_flagged:
         table.add_column("suspicious", justify="right", no_wrap=True)
     if k_max > 1:
@@ -66,6 +69,8 @@ def results_table(summary: dict[str, Any], title: str) -> Table:
     table.add_column("outcomes")
     for name, row in harnesses.items():
         cells = [name, f"{row['resolved']}/{row['attempts']}", f"{row['resolve_rate']:.1%}"]
+        if scored:
+            cells.append(f"{row['mean_score']:.3f}")
         if any_flagged:
             cells.append(flagged(row))
         if k_max > 1:

@@ -1,50 +1,41 @@
-"""Predictions: patches made elsewhere, graded as SWE-bench's own harness does.
+"""Predictions: submissions made elsewhere (for SWE, patches), graded as SWE-bench's own harness does.
 
 A predictions file is JSONL (or a JSON list, or a JSON object keyed by instance id) of
-`{"instance_id", "model_patch", "model_name_or_path"}`. `gold` stands for each task's own patch:
-grading it checks that the task set itself is sound.
+`{"instance_id", "model_patch", "model_name_or_path"}`, read by the one record reader of task
+files (`orchard.tasks.loading.read_records`), so a bad line is named as in a task file. `gold`
+stands for each task's own solution (its `patch`): grading it checks that the task set itself is sound.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchard.errors import ConfigError
 from orchard.eval.runner import Attempt, Solved
+from orchard.tasks.loading import read_records
 
 if TYPE_CHECKING:
     from orchard.env.client import Client
-    from orchard.tasks.schema import SWETask
 
 GOLD = "gold"
 
 
-def load_predictions(source: str, tasks: list[SWETask]) -> tuple[str, dict[str, str]]:
-    """(model name, instance id -> patch); `gold` takes each task's patch."""
+def load_predictions(source: str, tasks: list[Any]) -> tuple[str, dict[str, str]]:
+    """(model name, instance id -> submission); `gold` takes each task's own `patch`."""
     if source == GOLD:
-        return GOLD, {t.instance_id: t.patch for t in tasks}
+        return GOLD, {t.instance_id: str(getattr(t, "patch", "")) for t in tasks}
     path = Path(source)
     if not path.is_file():
         raise ConfigError(f"no predictions file {source} (or say `gold` to grade the tasks' own patches)")
-    text = path.read_text(encoding="utf-8")
-    try:
-        if path.suffix == ".jsonl":
-            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-        else:
-            data = json.loads(text)
-            rows = list(data.values()) if isinstance(data, dict) else data
-    except ValueError as exc:
-        raise ConfigError(f"{source}: not valid JSON ({exc})") from None
     patches: dict[str, str] = {}
     names = set()
-    for index, row in enumerate(rows):
+    for where, row in read_records(path, "predictions"):
         if not isinstance(row, dict) or not isinstance(row.get("instance_id"), str):
-            raise ConfigError(f"{source}, prediction {index}: needs a string instance_id")
+            raise ConfigError(f"{source}, {where}: needs a string instance_id")
         patch = row.get("model_patch") or ""
         if not isinstance(patch, str):
-            raise ConfigError(f"{source}, prediction {index}: model_patch must be a string")
+            raise ConfigError(f"{source}, {where}: model_patch must be a string")
         patches[row["instance_id"]] = patch
         names.add(str(row.get("model_name_or_path") or "predictions"))
     known = {t.instance_id for t in tasks}
@@ -56,9 +47,9 @@ def load_predictions(source: str, tasks: list[SWETask]) -> tuple[str, dict[str, 
 
 
 def solver_for(patches: dict[str, str]):
-    """A solver that hands over the predicted patch (a task without one gets an empty patch)."""
+    """A solver that hands over the predicted submission (a task without one gets an empty one)."""
 
     def solve(attempt: Attempt, image: str, client: Client, run_id: str) -> Solved:
-        return Solved(patch=patches.get(attempt.task.instance_id, ""))
+        return Solved(submission=patches.get(attempt.task.instance_id, ""))
 
     return solve

@@ -15,14 +15,15 @@ def write_report(folder: Path, summary: dict[str, Any], title: str) -> Path:
     lines = [
         f"# {title}",
         "",
-        "| harness | resolved | rate | suspicious | pass@k | pass^k | steps | tokens | outcomes |",
+        "| harness | resolved | rate | score | suspicious | pass@k | pass^k | steps | tokens | outcomes |",
     ]
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for name, row in harnesses.items():
         k = str(len(row["pass_at_k"]))
         outcomes = ", ".join(f"{kind} {count}" for kind, count in row["outcomes"].items())
+        score = f"{row['mean_score']:.3f}" if "mean_score" in row else "-"
         lines.append(
-            f"| {name} | {row['resolved']}/{row['attempts']} | {row['resolve_rate']:.1%} | {flagged(row)} "
+            f"| {name} | {row['resolved']}/{row['attempts']} | {row['resolve_rate']:.1%} | {score} | {flagged(row)} "
             f"| {row['pass_at_k'][k]:.1%} (k={k}) | {row['pass_hat_k'][k]:.1%} | {row['mean_steps']:.1f} "
             f"| {row['mean_tokens']:.0f} | {outcomes} |"
         )

@@ -1,19 +1,88 @@
-"""Reranking an evaluation's samples with a value model: per harness, the one-sample resolve
-rate, the value model's pick among the n samples of each task, and the oracle pass@n."""
+"""Reranking with a value model: a trained scalar head (`orchard train value`) scores each task's
+samples, and the best-scored one is submitted. Per harness: the one-sample resolve rate, the value
+model's pick among the n samples of each task, and the oracle pass@n.
+
+A trajectory is shown to the value model as its chat rendering with the final submission appended
+(`trajectory_text`), cut from the left (`encode`): training (`orchard.train.value`) and scoring
+read trajectories the same way.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sqlmodel import col, select
 
+from orchard.errors import ConfigError
 from orchard.store import TrajectoryRecord, session
 
 
-def rerank_run(run_id: str, value_model: str | Path, *, db_url: str | None = None) -> dict[str, Any]:
-    from orchard.train.value import ValueModel, rerank
+def trajectory_text(tokenizer: Any, record: TrajectoryRecord) -> str:
+    """The conversation as the model's chat template renders it, then the submission."""
+    messages = json.loads(record.messages)
+    tools = json.loads(record.tools)
+    text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False)
+    return f"{text}\n<patch>\n{record.patch}\n</patch>"
 
+
+def encode(tokenizer: Any, text: str, max_length: int) -> list[int]:
+    """Token ids of `text`, keeping the last `max_length` (the end of an episode decides)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return list(ids[-max_length:])
+
+
+class ValueModel:
+    """A trained value model: `score` trajectories (higher: more likely resolved)."""
+
+    def __init__(self, path: str | Path, max_length: int = 2048):
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        folder = Path(path)
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"no value model at {path} (train one with `orchard train value`)")
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.model = AutoModelForSequenceClassification.from_pretrained(folder)
+        self.model.eval()
+        self.max_length = max_length
+
+    def score(self, records: Sequence[TrajectoryRecord]) -> list[float]:
+        import torch
+
+        scores = []
+        with torch.no_grad():
+            for record in records:
+                ids = encode(self.tokenizer, trajectory_text(self.tokenizer, record), self.max_length)
+                logits = self.model(input_ids=torch.tensor([ids])).logits
+                scores.append(float(logits[0, 0]))
+        return scores
+
+
+def rerank(candidates: dict[str, list[TrajectoryRecord]], model: ValueModel) -> dict[str, Any]:
+    """For each task's candidates: the one-sample rate, the value model's pick, and the oracle pass@n."""
+    single = picked = oracle = 0.0
+    picks: dict[str, str] = {}
+    for instance_id, records in candidates.items():
+        scores = model.score(records)
+        best = max(range(len(records)), key=lambda i: scores[i])
+        picks[instance_id] = records[best].id
+        single += sum(bool(r.resolved) for r in records) / len(records)
+        picked += bool(records[best].resolved)
+        oracle += any(r.resolved for r in records)
+    n = max(1, len(candidates))
+    return {
+        "tasks": len(candidates),
+        "one_sample": single / n,
+        "reranked": picked / n,
+        "oracle_pass_at_n": oracle / n,
+        "picks": picks,
+    }
+
+
+def rerank_run(run_id: str, value_model: str | Path, *, db_url: str | None = None) -> dict[str, Any]:
+    """Per harness of an evaluation run: `rerank` of each task's graded samples."""
     with session(db_url) as db:
         query = select(TrajectoryRecord).where(
             TrajectoryRecord.run_id == run_id, col(TrajectoryRecord.resolved).is_not(None)

@@ -1,10 +1,11 @@
 """Running an evaluation: every task x harness x sample solved, graded, stored; resumable.
 
-A `Solver` turns an attempt into a patch: a prediction file's patch, the gold patch, or an agent
-working in a sandbox. The runner builds the task images, runs attempts `concurrency` at a time
-(each solved, then graded in a fresh sandbox), records each result as soon as it is graded, and
-writes the summary and SWE-bench's report into the run's folder. The same evaluation started
-again resumes its run: recorded attempts are skipped.
+Tasks may be of any kind (`orchard.tasks.base`). A `Solver` turns an attempt into a submission: a
+prediction file's, the gold patch, or an agent working in a sandbox (`orchard.eval.agent`). The
+runner prepares the task images, runs attempts `concurrency` at a time (each solved, then graded
+by its task's kind), records each result as soon as it is graded, and writes the summary (per
+harness: resolve rate, mean score, pass@k, pass^k) and SWE-bench's report into the run's folder.
+The same evaluation started again resumes its run: recorded attempts are skipped.
 """
 
 from __future__ import annotations
@@ -25,19 +26,18 @@ from orchard.eval.metrics import mean_over_tasks, pass_at_k, pass_hat_k, swebenc
 from orchard.eval.report import write_report
 from orchard.store import ResultRecord
 from orchard.store.runs import add_result, finish_run, record_metrics, results_of, start_run
-from orchard.tasks.environments import RepoMirror, task_image
-from orchard.tasks.grading import Grade, grade_patch
+from orchard.tasks.base import Grade, Prepare
 
 if TYPE_CHECKING:
     from orchard.env.client import Client
-    from orchard.tasks.schema import SWETask
+    from orchard.tasks.base import TaskBase
 
 LOG_TAIL = 4000
 
 
 @dataclass(frozen=True)
 class Attempt:
-    task: SWETask
+    task: TaskBase
     harness: str
     sample: int
 
@@ -47,9 +47,9 @@ class Attempt:
 
 @dataclass
 class Solved:
-    """What a solver produced: the patch, and how it got there."""
+    """What a solver produced: the submission (SWE: a patch), and how it got there."""
 
-    patch: str
+    submission: str
     trajectory_id: str | None = None
     steps: int = 0
     tokens: int = 0
@@ -81,13 +81,13 @@ def run_folder(run_id: str) -> Path:
 
 
 def evaluate(
-    tasks: Sequence[SWETask],
+    tasks: Sequence[TaskBase],
     harnesses: Sequence[str],
     samples: int,
     solve: Solver,
     *,
     client: Client,
-    mirror: RepoMirror,
+    prepare: Prepare,
     config: dict[str, Any],
     name: str,
     concurrency: int = 2,
@@ -106,7 +106,7 @@ def evaluate(
     if on_progress:
         on_progress(finished, total, None)
     try:
-        images = _images(pending, mirror, concurrency)
+        images = _images(pending, prepare, concurrency)
         with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="orchard-eval") as pool:
             futures = [pool.submit(_attempt, run_id, a, images, solve, client, db_url) for a in pending]
             try:
@@ -121,29 +121,34 @@ def evaluate(
                 raise
     except BaseException as exc:
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        partial = summarize(results_of(run_id, db_url=db_url), report_ids or [t.instance_id for t in tasks])
+        partial = summarize(
+            results_of(run_id, db_url=db_url), report_ids or [t.instance_id for t in tasks], metric_of(tasks)
+        )
         finish_run(run_id, status, partial, error=str(exc) or type(exc).__name__, db_url=db_url)
         raise
     results = results_of(run_id, db_url=db_url)
-    summary = summarize(results, report_ids or [t.instance_id for t in tasks])
+    summary = summarize(results, report_ids or [t.instance_id for t in tasks], metric_of(tasks))
     folder = run_folder(run_id)
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (folder / "report.json").write_text(json.dumps(summary["report"], indent=2) + "\n")
     write_report(folder, summary, name)
     rates = {f"resolve_rate/{h}": row["resolve_rate"] for h, row in summary["harnesses"].items()}
+    rates |= {
+        f"score/{h}": row["mean_score"] for h, row in summary["harnesses"].items() if summary["metric"] == "score"
+    }
     record_metrics(run_id, 0, rates, db_url=db_url)
     finish_run(run_id, "finished", summary, db_url=db_url)
     return EvalResult(run.id, folder, summary, results)
 
 
-def _images(attempts: Sequence[Attempt], mirror: RepoMirror, concurrency: int) -> dict[str, str | OrchardError]:
+def _images(attempts: Sequence[Attempt], prepare: Prepare, concurrency: int) -> dict[str, str | OrchardError]:
     """Each task's image (or why it could not be built), built `concurrency` at a time."""
     tasks = {a.task.instance_id: a.task for a in attempts}
     images: dict[str, str | OrchardError] = {}
 
-    def build(task: SWETask) -> None:
+    def build(task: TaskBase) -> None:
         try:
-            images[task.instance_id] = task_image(task, mirror)
+            images[task.instance_id] = task.sandbox_image(prepare)
         except OrchardError as exc:
             images[task.instance_id] = exc
 
@@ -162,20 +167,21 @@ def _attempt(
 ) -> ResultRecord:
     task = attempt.task
     image = images[task.instance_id]
-    solved = Solved(patch="")
+    solved = Solved(submission="")
+    grade: Grade
     if isinstance(image, OrchardError):
         grade = Grade(task.instance_id, "error", error=f"no image for the task: {image}")
     else:
         try:
             solved = solve(attempt, image, client, run_id)
         except OrchardError as exc:
-            solved = Solved(patch="", error=f"the solver failed: {exc}")
+            solved = Solved(submission="", error=f"the solver failed: {exc}")
         except Exception as exc:  # a bug or a surprise in one attempt must not end the run
-            solved = Solved(patch="", error=f"the solver failed ({type(exc).__name__}): {exc}")
-        if solved.error and not solved.patch.strip():
+            solved = Solved(submission="", error=f"the solver failed ({type(exc).__name__}): {exc}")
+        if solved.error and not solved.submission.strip():
             grade = Grade(task.instance_id, "error", error=solved.error)
         else:
-            grade = grade_patch(client, task, solved.patch, image)
+            grade = task.grade(client, solved.submission, image)
     if solved.trajectory_id:
         record_verdict(solved.trajectory_id, grade.outcome, grade.resolved, db_url=db_url)
     details = grade.public()
@@ -190,7 +196,7 @@ def _attempt(
         sample=attempt.sample,
         outcome=grade.outcome,
         resolved=grade.resolved,
-        patch=solved.patch,
+        patch=solved.submission,
         grade=json.dumps(details),
         trajectory_id=solved.trajectory_id,
         steps=solved.steps,
@@ -201,11 +207,17 @@ def _attempt(
     return record
 
 
-def summarize(results: Sequence[ResultRecord], task_ids: Sequence[str]) -> dict[str, Any]:
-    """Per harness: resolve rate, pass@k and pass^k for k up to the samples, steps, tokens,
-    outcomes by kind, how many attempts the grader flagged as suspicious (and of those, how many
-    resolved: they count as resolved, flagged, so a reader sees them and can take them out); the
-    flagged attempts with their reasons; and SWE-bench's report for sample 0 of the first harness."""
+def metric_of(tasks: Sequence[TaskBase]) -> str:
+    """`score` when any task's kind grades with scores, else `resolve_rate`."""
+    return "score" if any(type(t).metric == "score" for t in tasks) else "resolve_rate"
+
+
+def summarize(results: Sequence[ResultRecord], task_ids: Sequence[str], metric: str = "resolve_rate") -> dict[str, Any]:
+    """Per harness: resolve rate (the share that passed), mean score, pass@k and pass^k for k up to
+    the samples, steps, tokens, outcomes by kind, how many attempts the grader flagged as
+    suspicious (and of those, how many resolved: they count as resolved, flagged, so a reader sees
+    them and can take them out); the flagged attempts with their reasons; which figure ranks them
+    (`metric`); and SWE-bench's report for sample 0 of the first harness."""
     harnesses: dict[str, list[ResultRecord]] = {}
     for record in results:
         harnesses.setdefault(record.harness, []).append(record)
@@ -227,6 +239,7 @@ def summarize(results: Sequence[ResultRecord], task_ids: Sequence[str]) -> dict[
             "suspicious": len(flagged),
             "suspicious_resolved": sum(r.resolved for r in flagged),
             "resolve_rate": sum(r.resolved for r in records) / len(records),
+            "mean_score": sum(score_of(r) for r in records) / len(records),
             "pass_at_k": {str(k): mean_over_tasks(per_task, k, pass_at_k) for k in range(1, k_max + 1)},
             "pass_hat_k": {str(k): mean_over_tasks(per_task, k, pass_hat_k) for k in range(1, k_max + 1)},
             "mean_steps": sum(r.steps for r in records) / len(records),
@@ -236,12 +249,22 @@ def summarize(results: Sequence[ResultRecord], task_ids: Sequence[str]) -> dict[
     first = next(iter(harnesses), None)
     outcomes_0 = {r.instance_id: r.outcome for r in harnesses.get(first or "", []) if r.sample == 0}
     return {
+        "metric": metric,
         "harnesses": table,
         "report": swebench_report(task_ids, outcomes_0),
         "suspicious": [
             {"id": r.id, "outcome": r.outcome, "reasons": suspicious_of(r)} for r in results if suspicious_of(r)
         ],
     }
+
+
+def score_of(record: ResultRecord) -> float:
+    """The grade's score; for records made before grades had one, 1 when resolved, else 0."""
+    try:
+        score = json.loads(record.grade or "{}").get("score")
+    except (ValueError, AttributeError):
+        score = None
+    return float(score) if isinstance(score, int | float) else float(record.resolved)
 
 
 def suspicious_of(record: ResultRecord) -> list[str]:

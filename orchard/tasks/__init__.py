@@ -1,6 +1,15 @@
-"""SWE tasks: the schema (SWE-bench's), loading, offline task images, and grading."""
+"""Tasks: the task-kind protocol (`orchard.tasks.base`), the kinds, and loading task files.
 
+A task file's records pick their kind with a `kind` field (`swe` when absent): a name in
+`orchard.tasks.kinds.KINDS`, or a task class named `module:Class` or `path/to/file.py:Class` (a
+path relative to the task file's folder). Kinds that ship:
+
+* `swe`: repository issues graded by their tests, SWE-bench's schema (`orchard.tasks.swe`).
+"""
+
+from orchard.tasks.base import Grade, Prepare, TaskBase, task_sandbox
+from orchard.tasks.kinds import KINDS, task_class
 from orchard.tasks.loading import load_tasks
-from orchard.tasks.schema import SWETask
+from orchard.tasks.swe import SWETask
 
-__all__ = ["SWETask", "load_tasks"]
+__all__ = ["KINDS", "Grade", "Prepare", "SWETask", "TaskBase", "load_tasks", "task_class", "task_sandbox"]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from orchard.config import BASE_IMAGE, settings
 from orchard.errors import ConfigError, ImageNotFound, SandboxError
-from orchard.tasks.schema import SWETask
+from orchard.tasks.swe import SWETask
 
 FORMAT = 1
 """Bump when the image recipe changes, so older images are not reused."""

@@ -49,17 +49,18 @@ import shlex
 import time
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 from orchard.errors import InvalidRequest, NotFound, OrchardError
+from orchard.tasks.base import Grade as BaseGrade
+from orchard.tasks.base import task_sandbox
 from orchard.tasks.infra import TaskInfra
 
 if TYPE_CHECKING:
     from orchard.env.client import Client, Sandbox
-    from orchard.tasks.schema import SWETask
+    from orchard.tasks.swe import SWETask
 
-Outcome = Literal["resolved", "unresolved", "empty_patch", "patch_failed", "timeout", "error"]
 TestStatus = Literal["PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS", "MISSING"]
 
 PATCH_FILE = "/tmp/orchard-model.patch"
@@ -124,26 +125,12 @@ _ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34,
 
 
 @dataclass
-class Grade:
-    """The verdict on one patch for one task."""
+class Grade(BaseGrade):
+    """The verdict on one patch for one task: the generic grade plus each test's status."""
 
-    instance_id: str
-    outcome: Outcome
     fail_to_pass: dict[str, list[str]] = field(default_factory=lambda: {"success": [], "failure": []})
     pass_to_pass: dict[str, list[str]] = field(default_factory=lambda: {"success": [], "failure": []})
     tests: dict[str, str] = field(default_factory=dict)
-    error: str | None = None
-    log: str = ""
-    duration: float = 0.0
-    suspicious: list[str] = field(default_factory=list)
-    """Why the patch looks like it reaches for the test run; empty when nothing does."""
-
-    @property
-    def resolved(self) -> bool:
-        return self.outcome == "resolved"
-
-    def public(self) -> dict[str, Any]:
-        return {**asdict(self), "resolved": self.resolved}
 
 
 class PatchRefused(InvalidRequest):
@@ -398,6 +385,7 @@ def grade_in(box: Sandbox, task: SWETask, patch: str, *, timeout: float = DEFAUL
         _grade(box, task, patch, timeout, grade)
     except OrchardError as exc:  # the sandbox died, the agent went away, ...
         grade.outcome, grade.error = "error", f"grading failed: {exc}"
+    grade.score = 1.0 if grade.resolved else 0.0
     grade.duration = time.monotonic() - started
     return grade
 
@@ -523,7 +511,7 @@ def grade_patch(
         return Grade(task.instance_id, "empty_patch", error="the patch is empty")
     started = time.monotonic()
     try:
-        with client.create(image, memory="4Gi") as box:
+        with task_sandbox(client, task, image) as box:
             grade = grade_in(box, task, patch, timeout=timeout)
     except OrchardError as exc:
         grade = Grade(task.instance_id, "error", error=f"could not start the task's sandbox: {exc}")

@@ -4,8 +4,10 @@
     load_tasks("path/to/saved_dataset")                  # datasets' save_to_disk folder
     load_tasks("princeton-nlp/SWE-bench_Lite", split="test")   # needs the hub (not here)
 
-Every record is validated; a bad one is reported with its line (or index) and the field, and
-nothing is returned for a file with a bad record.
+Each record is validated as its kind's task class (its `kind` field, `swe` when absent); a bad
+one is reported with its line (or index) and the field, and nothing is returned for a file with a
+bad record. `read_records` is the one reader of JSON and JSONL files (tasks, predictions,
+trajectories), so every file names a bad record the same way: `FILE, line N: ...`.
 """
 
 from __future__ import annotations
@@ -18,21 +20,22 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchard.errors import ConfigError, InvalidRequest
-from orchard.tasks.schema import SWETask
+from orchard.tasks.base import TaskBase
+from orchard.tasks.kinds import task_class
 
 
-def load_tasks(source: str | Path, *, split: str = "test", ids: Sequence[str] | None = None) -> list[SWETask]:
+def load_tasks(source: str | Path, *, split: str = "test", ids: Sequence[str] | None = None) -> list[Any]:
     """The tasks of `source` (a file, a dataset folder or a hub id), optionally only `ids`."""
     path = Path(source)
     if path.is_file():
-        records = _records_of_file(path)
+        records = read_records(path, "tasks", keys=("tasks", "instances"))
     elif path.is_dir():
         records = _records_of_dataset_folder(path, split)
     elif str(source).count("/") == 1 and not str(source).startswith((".", "/")):
         records = _records_of_hub(str(source), split)
     else:
         raise ConfigError(f"no task file or dataset at {source}")
-    tasks = _validate(records, str(source))
+    tasks = _validate(records, str(source), path.parent if path.is_file() else path)
     if ids:
         wanted = set(ids)
         missing = sorted(wanted - {t.instance_id for t in tasks})
@@ -42,13 +45,20 @@ def load_tasks(source: str | Path, *, split: str = "test", ids: Sequence[str] | 
     return tasks
 
 
-def _records_of_file(path: Path) -> Iterable[tuple[str, Any]]:
+def read_records(path: Path, what: str, *, keys: Sequence[str] = ()) -> Iterable[tuple[str, Any]]:
+    """(`line N` or `item N`, record) of a JSONL file (blank lines skipped) or a JSON list; a JSON
+    object holds the list under one of `keys`, or is itself keyed by id (when `keys` is empty)."""
     if path.suffix not in (".json", ".jsonl"):
-        raise ConfigError(f"{path}: give tasks as .json or .jsonl, or a dataset folder (parquet, arrow, save_to_disk)")
+        raise ConfigError(
+            f"{path}: give {what} as .json or .jsonl"
+            + (", or a dataset folder (parquet, arrow, save_to_disk)" if what == "tasks" else "")
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     if path.suffix == ".jsonl":
         for number, line in enumerate(text.splitlines(), 1):
             if line.strip():
@@ -56,9 +66,9 @@ def _records_of_file(path: Path) -> Iterable[tuple[str, Any]]:
         return
     data = _json(text, str(path))
     if isinstance(data, dict):
-        data = data.get("tasks", data.get("instances"))
+        data = next((data[key] for key in keys if key in data), None) if keys else list(data.values())
     if not isinstance(data, list):
-        raise ConfigError(f"{path} must hold a JSON list of tasks (or JSONL, one task per line)")
+        raise ConfigError(f"{path} must hold a JSON list of {what} (or JSONL, one per line)")
     for index, record in enumerate(data):
         yield f"item {index}", record
 
@@ -91,6 +101,9 @@ def _records_of_dataset_folder(path: Path, split: str) -> Iterable[tuple[str, An
 
 
 def _records_of_hub(name: str, split: str) -> Iterable[tuple[str, Any]]:
+    from orchard.config import require_hub
+
+    require_hub(name)  # offline: one line now, not half a minute of retries first
     import datasets
 
     try:
@@ -101,14 +114,19 @@ def _records_of_hub(name: str, split: str) -> Iterable[tuple[str, Any]]:
         yield f"row {index}", record
 
 
-def _validate(records: Iterable[tuple[str, Any]], source: str) -> list[SWETask]:
-    tasks: list[SWETask] = []
+def _validate(records: Iterable[tuple[str, Any]], source: str, folder: Path) -> list[Any]:
+    tasks: list[TaskBase] = []
     seen: set[str] = set()
     for where, record in records:
         if not isinstance(record, dict):
             raise ConfigError(f"{source}, {where}: a task must be a JSON object")
+        kind = record.get("kind") or "swe"
         try:
-            task = SWETask.model_validate(record)
+            cls = task_class(str(kind), relative_to=folder)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}, {where}: {exc}") from None
+        try:
+            task = cls.model_validate(record)
         except ValidationError as exc:
             error = exc.errors()[0]
             field = ".".join(str(p) for p in error["loc"]) or "task"

@@ -1,4 +1,4 @@
-"""The SWE task: SWE-bench's schema, plus where the repository lives in its image.
+"""The SWE task kind: SWE-bench's schema, plus where the repository lives in its image.
 
 Fields are SWE-bench's (`instance_id`, `repo`, `base_commit`, `problem_statement`, `patch`,
 `test_patch`, `FAIL_TO_PASS`, `PASS_TO_PASS`, ...); the test lists may be JSON strings, as in
@@ -13,15 +13,27 @@ the published datasets. Orchard adds:
   enough to name every test's outcome).
 
 Unknown fields are kept in `extra`, so a dataset round-trips.
+
+An attempt's submission is the working tree's diff (`working_tree_patch`), graded by the task's
+tests in a fresh sandbox (`orchard.tasks.grading`); progress mid-episode is the share of
+FAIL_TO_PASS tests a diff makes pass. `scripted:gold` plays `gold_script`: look around, apply the
+gold patch, check, submit.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from orchard.errors import OrchardError
+from orchard.tasks.base import Prepare, Step, TaskBase
+
+if TYPE_CHECKING:
+    from orchard.env.client import Client, Sandbox
+    from orchard.tasks.grading import Grade
 
 DEFAULT_WORKDIR = "/testbed"
 DEFAULT_TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider --no-header -o addopts="
@@ -29,12 +41,11 @@ COMMIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 
-class SWETask(BaseModel):
+class SWETask(TaskBase):
     """One repository issue to resolve, with the tests that decide whether it was."""
 
-    model_config = ConfigDict(populate_by_name=True, extra="allow")
-
     instance_id: str
+    kind: str = "swe"
     repo: str = Field(description="owner/name")
     base_commit: str
     problem_statement: str
@@ -118,4 +129,94 @@ class SWETask(BaseModel):
 
     def record(self) -> dict[str, Any]:
         """The task as a SWE-bench-style dict (the aliases, extra fields included)."""
-        return self.model_dump(by_alias=True, exclude_none=True)
+        return self.model_dump(by_alias=True, exclude_none=True, exclude={"kind"})
+
+    def prompt(self) -> str:
+        return (
+            f"<issue>\n{self.problem_statement.strip()}\n</issue>\n\n"
+            f"The repository {self.repo} is checked out at {self.workdir} (your shell starts there). "
+            "Change the source code so that the issue is resolved; do not change the tests."
+        )
+
+    def sandbox_image(self, prepare: Prepare) -> str:
+        from orchard.tasks.environments import task_image
+
+        return task_image(self, prepare.mirror(), log=prepare.log)
+
+    def submission(self, box: Sandbox) -> str:
+        return working_tree_patch(box, self.workdir)
+
+    def grade(self, client: Client, submission: str, image: str, *, timeout: float | None = None) -> Grade:
+        from orchard.tasks.grading import DEFAULT_TEST_TIMEOUT, grade_patch
+
+        return grade_patch(client, self, submission, image, timeout=timeout or DEFAULT_TEST_TIMEOUT)
+
+    def progress(self, client: Client, submission: str, image: str) -> float:
+        """The share of FAIL_TO_PASS tests the submission makes pass."""
+        if not submission.strip():
+            return 0.0
+        grade = self.grade(client, submission, image, timeout=PROGRESS_TEST_TIMEOUT)
+        return len(grade.fail_to_pass["success"]) / max(1, len(self.fail_to_pass))
+
+    def script(self, name: str) -> list[Step]:
+        if name == "gold":
+            return gold_script(self)
+        if name == "regress":
+            return regressing_script(self)
+        return super().script(name)
+
+
+PROGRESS_TEST_TIMEOUT = 300.0
+"""Seconds the tests of one replayed state may run (credit by replay grades many states)."""
+
+PATCH_SCRIPT = (
+    'index="$(mktemp)" && cp "$(git rev-parse --git-path index)" "$index" 2>/dev/null; '
+    'GIT_INDEX_FILE="$index" git -c core.hooksPath=/dev/null add -A && GIT_INDEX_FILE="$index" git '
+    "-c core.hooksPath=/dev/null diff --cached --binary --no-color --no-ext-diff --no-textconv "
+    "--src-prefix=a/ --dst-prefix=b/ HEAD; "
+    'status=$?; rm -f "$index"; exit $status'
+)
+"""`git add -A && git diff --cached HEAD` on a copy of the index, so taking a diff changes nothing
+the agent (or a replay) sees: staged state, `git checkout -- .` and `git stash` behave as before.
+The options keep the diff plain whatever the repository's configuration says (no colour, no
+external diff or textconv driver, the usual `a/` `b/` prefixes)."""
+
+
+def working_tree_patch(box: Sandbox, workdir: str) -> str:
+    """Everything changed in the repository, untracked files included, as one git diff.
+
+    It is what the sandbox answers, so it is untrusted: the agent may have replaced `git` there
+    and hand back any text. The grader reads every patch as such (`orchard.tasks.grading`)."""
+    try:
+        result = box.exec(PATCH_SCRIPT, cwd=workdir, timeout=120)
+    except OrchardError:
+        return ""
+    return result.stdout if result.exit_code == 0 else ""
+
+
+def gold_script(task: SWETask) -> list[Step]:
+    """Explore a little, apply the gold patch, look at the result, submit."""
+    files = re.findall(r"^diff --git a/(\S+) b/", task.patch, re.MULTILINE)
+    first = files[0] if files else "."
+    patch = task.patch if task.patch.endswith("\n") else task.patch + "\n"
+    return [
+        Step("bash", command="git status --short && ls", thought="Let me look at the repository first."),
+        Step("bash", command=f"sed -n '1,60p' {first}", thought=f"The issue points at {first}; reading it."),
+        Step(
+            "bash",
+            command=f"git apply <<'ORCHARD_EOF'\n{patch}ORCHARD_EOF",
+            thought="I see the problem; applying the fix.",
+        ),
+        Step("bash", command="git diff --stat", thought="Checking what changed."),
+        Step("submit", thought="The fix is in place."),
+    ]
+
+
+def regressing_script(task: SWETask) -> list[Step]:
+    """The gold script, except that the fix is thrown away before submitting: unresolved, with one
+    productive stretch (the fix) for credit assignment to find."""
+    steps = gold_script(task)
+    undo = Step(
+        "bash", command="git checkout -- . && git status --short", thought="Let me start over from a clean tree."
+    )
+    return [*steps[:-1], undo, steps[-1]]

@@ -8,10 +8,11 @@ worth learning from.
 
 Two estimators share one interface (`values(trajectory) -> {state index: value}`):
 
-* `ReplayEstimator` (objective, offline): the trajectory's actions are replayed in a fresh
-  sandbox of the task's image through its harness; after each step the working tree's diff is
-  taken, and the share of FAIL_TO_PASS tests it makes pass (graded in another fresh sandbox, once
-  per distinct diff) is the value of that state.
+* `ReplayEstimator` (objective, offline): the trajectory is played again through the one attempt
+  flow (`orchard.eval.attempt.play`), its model being its own recorded replies, in a fresh
+  sandbox of the task's image through its harness; after each step the task's submission is
+  taken and its kind's `progress` is the value of that state (SWE: the share of FAIL_TO_PASS
+  tests the working tree's diff makes pass, graded in another fresh sandbox once per distinct diff).
 * `JudgeEstimator`: a model through any model adapter reads the trajectory up to t and the known
   final test outcome and answers a probability.
 """
@@ -27,13 +28,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlmodel import col, select
 
-from orchard.errors import OrchardError
 from orchard.store import StepRecord, TrajectoryRecord, session
 
 if TYPE_CHECKING:
     from orchard.agents.models import Model
-    from orchard.env.client import Client
-    from orchard.tasks.schema import SWETask
+    from orchard.env.client import Client, Sandbox
+    from orchard.tasks.base import TaskBase
 
 EPSILON = 0.05
 
@@ -88,12 +88,12 @@ class Assessed:
 
 
 class Estimator(Protocol):
-    def values(self, trajectory: TrajectoryRecord, steps: list[StepRecord], task: SWETask) -> dict[int, float]: ...
+    def values(self, trajectory: TrajectoryRecord, steps: list[StepRecord], task: TaskBase) -> dict[int, float]: ...
 
 
 def assess(
     trajectory: TrajectoryRecord,
-    task: SWETask,
+    task: TaskBase,
     estimator: Estimator,
     *,
     epsilon: float = EPSILON,
@@ -120,46 +120,32 @@ def assess(
 
 
 class ReplayEstimator:
-    """Test progress by replay: the share of FAIL_TO_PASS tests passing after each step."""
+    """Progress by replay: the task kind's `progress` of the state after each step."""
 
-    def __init__(self, client: Client, image: str, *, test_timeout: float = 300.0):
-        self.client, self.image, self.test_timeout = client, image, test_timeout
-        self._graded: dict[str, float] = {}
+    def __init__(self, client: Client, image: str):
+        self.client, self.image = client, image
+        self._measured: dict[str, float] = {}
 
-    def values(self, trajectory: TrajectoryRecord, steps: list[StepRecord], task: SWETask) -> dict[int, float]:
-        from orchard.agents import harness_factory
-        from orchard.agents.base import Action
-        from orchard.agents.loop import working_tree_patch
+    def values(self, trajectory: TrajectoryRecord, steps: list[StepRecord], task: TaskBase) -> dict[int, float]:
+        from orchard.agents.loop import Limits
+        from orchard.agents.models import RecordedModel
+        from orchard.eval.attempt import play
 
-        harness = harness_factory(trajectory.harness)()
         known: dict[int, float] = {0: 0.0}
-        with self.client.create(self.image, memory="4Gi") as box:
-            box.exec(f"cd {task.workdir}", session="agent")
-            for step in steps:
-                for action in json.loads(step.actions):
-                    if action["name"] == "submit":
-                        continue
-                    arguments = action["arguments"]
-                    if isinstance(arguments, str):  # imported trajectories keep the raw JSON text
-                        arguments = json.loads(arguments or "{}")
-                    try:
-                        harness.execute(Action(action["name"], arguments), box, task.workdir)
-                    except OrchardError:
-                        break
-                known[step.index + 1] = self._progress(task, working_tree_patch(box, task.workdir))
+
+        def measure(index: int, box: Sandbox) -> None:
+            known[index + 1] = self._progress(task, task.submission(box))
+
+        replay = RecordedModel(json.loads(trajectory.messages))
+        limits = Limits(max_steps=len(replay.replies) + 1, max_seconds=float("inf"), max_format_errors=10**9)
+        play(task, trajectory.harness, replay, self.client, self.image, limits=limits, on_step=measure)
         return known
 
-    def _progress(self, task: SWETask, patch: str) -> float:
-        from orchard.tasks.grading import grade_patch
-
-        if not patch.strip():
-            return 0.0
-        key = hashlib.sha256(patch.encode()).hexdigest()
-        if key not in self._graded:
-            grade = grade_patch(self.client, task, patch, self.image, timeout=self.test_timeout)
-            passed = len(grade.fail_to_pass["success"])
-            self._graded[key] = passed / max(1, len(task.fail_to_pass))
-        return self._graded[key]
+    def _progress(self, task: TaskBase, submission: str) -> float:
+        key = hashlib.sha256(submission.encode()).hexdigest()
+        if key not in self._measured:
+            self._measured[key] = task.progress(self.client, submission, self.image)
+        return self._measured[key]
 
 
 JUDGE_PROMPT = """You judge a software engineering agent's progress on an issue. You see the issue, the
@@ -175,7 +161,7 @@ class JudgeEstimator:
     def __init__(self, model: Model, *, every: int = 2, max_chars: int = 12_000):
         self.model, self.every, self.max_chars = model, every, max_chars
 
-    def values(self, trajectory: TrajectoryRecord, steps: list[StepRecord], task: SWETask) -> dict[int, float]:
+    def values(self, trajectory: TrajectoryRecord, steps: list[StepRecord], task: TaskBase) -> dict[int, float]:
         from orchard.agents.bash import BashHarness
 
         outcome = "resolved the issue" if trajectory.resolved else "did not resolve the issue"

@@ -35,7 +35,7 @@ def well_formed(episode) -> None:
     roles = [m["role"] for m in episode.messages]
     assert roles[:2] == ["system", "user"] and roles[2] == "assistant"
     assert all(s.prompt_tokens > 0 and s.completion_tokens > 0 for s in episode.steps)
-    assert episode.patch == "" and episode.status in ("truncated", "aborted", "completed")
+    assert episode.submission == "" and episode.status in ("truncated", "aborted", "completed")
 
 
 @pytest.mark.docker

@@ -113,4 +113,4 @@ def test_a_failing_model_server_and_a_dying_sandbox_abort_with_the_reason(client
         )
         assert episode.status == "truncated"  # one step allowed, not submitted
         dying = run_episode(task, harness_factory("bash")(), Killer(), box, model_name="killer")
-    assert dying.status == "aborted" and "agent" in dying.error and dying.patch == ""
+    assert dying.status == "aborted" and "agent" in dying.error and dying.submission == ""

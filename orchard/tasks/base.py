@@ -1,0 +1,152 @@
+"""What every task kind is: the protocol the pipeline runs on, whatever the recipe.
+
+A task kind is a task class: a pydantic model whose fields are what a task file holds and whose
+methods say how the task's sandbox is prepared, what the agent may see, what an attempt produced
+and how it is graded. Eval, collection, credit assignment, SFT, RL and the value model only ever
+call these, so a new kind is one file (a subclass of `TaskBase`) plus a line in
+`orchard.tasks.KINDS`; a task file picks its kind with a `kind` field (`swe` when absent).
+
+    class Task(Protocol):
+        instance_id, kind, workdir, problem_statement       # fields every kind has
+        public() -> dict                                    # what an agent may see
+        prompt() -> str                                     # the task as the first user turn
+        sandbox_image(prepare) -> str                       # its sandbox's image, built offline if needed
+        start(box)                                          # before the first step (in the agent's shell)
+        submission(box) -> str                              # what the attempt produced (SWE: the patch)
+        grade(client, submission, image) -> Grade           # the verdict, score in [0, 1]
+        progress(client, submission, image) -> float        # mid-episode, for credit by replay
+        script(name) -> list[Step]                          # `scripted:gold` and friends
+
+A submission is text, so the same store, predictions files and value model carry every kind's: a
+patch for SWE, a JSON document of final state for kinds that are graded on state.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from orchard.errors import ConfigError
+
+if TYPE_CHECKING:
+    from orchard.env.client import Client, Sandbox
+
+Metric = Literal["resolve_rate", "score"]
+
+SANDBOX_LIMITS: dict[str, Any] = {"memory": "4Gi"}
+"""What a task's sandbox may use unless its kind says otherwise: agent and grader sandboxes alike."""
+
+
+@dataclass
+class Step:
+    """A harness-neutral action, a step of a task's scripted solution (`script`), which any harness writes in its own format (`Harness.encode`): run a shell command, write a file, submit."""
+
+    kind: Literal["bash", "write", "submit"]
+    command: str = ""
+    path: str = ""
+    content: str = ""
+    thought: str = ""
+
+
+@dataclass
+class Grade:
+    """The verdict on one attempt. `outcome` is `resolved` when it passed; every other outcome
+    names how it did not (a kind's own, e.g. SWE's `empty_patch`, `patch_failed`, `timeout`;
+    `error` always means the task or the machine failed, not the attempt)."""
+
+    instance_id: str
+    outcome: str
+    score: float = 0.0
+    """In [0, 1]: 1 or 0 for a kind that grades pass/fail, partial credit for one that scores."""
+    checks: dict[str, Any] = field(default_factory=dict)
+    """Per-check details, for reports and for people."""
+    error: str | None = None
+    log: str = ""
+    duration: float = 0.0
+    suspicious: list[str] = field(default_factory=list)
+    """Why the attempt looks like it reaches for the grader; empty when nothing does."""
+
+    @property
+    def resolved(self) -> bool:
+        return self.outcome == "resolved"
+
+    def public(self) -> dict[str, Any]:
+        return {**asdict(self), "resolved": self.resolved}
+
+
+@dataclass
+class Prepare:
+    """What kinds build their images from: a local mirror of repositories, a log for progress."""
+
+    repos: str | Path | None = None
+    """A folder of git repositories (`DIR/owner/name` or `DIR/owner__name`), for SWE tasks."""
+    log: Callable[[str], None] | None = None
+    _mirror: Any = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.repos is not None and not Path(self.repos).expanduser().is_dir():
+            raise ConfigError(f"--repos {self.repos} is not a folder")
+
+    def mirror(self) -> Any:
+        """The SWE repository mirror (one per `Prepare`, so clones are shared)."""
+        if self._mirror is None:
+            from orchard.tasks.environments import RepoMirror
+
+            self._mirror = RepoMirror(self.repos)
+        return self._mirror
+
+
+class TaskBase(BaseModel):
+    """Defaults for a task kind: a shell that starts in `workdir`, progress measured as the grade's
+    score, no scripted solutions. Subclasses give `kind` their name as its default and implement
+    `sandbox_image`, `submission` and `grade`."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+
+    metric: ClassVar[Metric] = "resolve_rate"
+    """How reports rank attempts: `resolve_rate` (pass/fail) or `score` (mean score, pass@k, pass^k)."""
+    limits: ClassVar[dict[str, Any]] = SANDBOX_LIMITS
+    """`Client.create` arguments for the task's sandboxes."""
+
+    instance_id: str
+    kind: str
+    problem_statement: str
+    workdir: str = "/workspace"
+
+    def public(self) -> dict[str, Any]:
+        return {"instance_id": self.instance_id, "problem_statement": self.problem_statement, "workdir": self.workdir}
+
+    def prompt(self) -> str:
+        return f"{self.problem_statement.strip()}\n\nYou work in {self.workdir} (your shell starts there)."
+
+    def record(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+    def sandbox_image(self, prepare: Prepare) -> str:
+        raise NotImplementedError
+
+    def start(self, box: Sandbox) -> None:
+        box.exec(f"cd {shlex.quote(self.workdir)}", session="agent")
+
+    def submission(self, box: Sandbox) -> str:
+        raise NotImplementedError
+
+    def grade(self, client: Client, submission: str, image: str) -> Grade:
+        raise NotImplementedError
+
+    def progress(self, client: Client, submission: str, image: str) -> float:
+        return self.grade(client, submission, image).score
+
+    def script(self, name: str) -> list[Step]:
+        raise ConfigError(f"task {self.instance_id} ({self.kind}) has no scripted solution {name!r}")
+
+
+def task_sandbox(client: Client, task: Any, image: str, **overrides: Any) -> Any:
+    """A fresh sandbox for `task` (an agent's or a grader's), with its kind's limits: the one place
+    they are set."""
+    return client.create(image, **{**type(task).limits, **overrides})
