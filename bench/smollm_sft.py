@@ -44,8 +44,9 @@ def main() -> None:
     from orchard.eval.runner import evaluate
     from orchard.store import TrajectoryRecord, session
     from orchard.tasks import load_tasks
-    from orchard.tasks.environments import RepoMirror
-    from orchard.train.sft import SFTSettings, sft_examples, train_sft
+    from orchard.tasks.base import Prepare
+    from orchard.train.config import SFTConfig
+    from orchard.train.sft import sft_examples, train_sft
     from orchard.train.smollm import convert_smollm2
 
     hf_logging.set_verbosity_error()
@@ -55,7 +56,7 @@ def main() -> None:
         check=True,
         capture_output=True,
     )
-    mirror = RepoMirror(work / "repos")
+    prepare = Prepare(work / "repos")
     tasks = load_tasks(ROOT / "examples/tasks/tasks.jsonl")
     chosen = tasks[: args.tasks]
     base = convert_smollm2(work / "smollm2")
@@ -69,7 +70,7 @@ def main() -> None:
             1,
             agent_solver(model, Limits(max_steps=args.max_steps)),
             client=client,
-            mirror=mirror,
+            prepare=prepare,
             config={"bench": "smollm", "model": label},
             name=label,
             concurrency=1,
@@ -89,7 +90,7 @@ def main() -> None:
             1,
             agent_solver(ScriptedModel("gold")),
             client=client,
-            mirror=mirror,
+            prepare=prepare,
             config={"bench": "smollm", "collect": "scripted:gold"},
             name="collect",
             kind="collect",
@@ -99,7 +100,7 @@ def main() -> None:
             base,
             examples,
             work / "sft",
-            SFTSettings(max_steps=-1, epochs=1.0, learning_rate=args.lr, max_length=2048),
+            SFTConfig(max_steps=-1, epochs=1.0, learning_rate=args.lr, max_length=2048),
         )
         after = run_eval(client, work / "sft", "smollm2-after-sft")
     print(f"\nSmolLM2-135M-Instruct, bash harness, {len(chosen)} example tasks, {args.max_steps} steps per episode")

@@ -9,7 +9,9 @@ harness's tools), completion tokens (every later turn: the policy's replies and 
 `env_mask` (1 on the policy's own tokens only, so observations never carry loss) and the
 log-probabilities of the policy that generated it. These come from one forward pass of the
 trainer's model over the finished conversation, re-tokenized, also when a vLLM server generated
-it; so TRL's vLLM importance-sampling correction is off (its ratio would be 1). Rewards: +1 resolved, -1 otherwise (configurable), optionally plus
+it; so TRL's vLLM importance-sampling correction is off (its ratio would be 1). Tasks may be of
+any kind: each rollout is one attempt (`orchard.eval.attempt`), and its reward follows the grade's
+score from -1 (score 0) to +1 (score 1, resolved; both configurable), optionally plus
 `judge_weight` x a judge model's rubric score in [0, 1] (R + alpha J).
 
 Per training step it logs the groups formed, the mean reward, the share of informative groups
@@ -31,49 +33,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from orchard.agents import harness_factory
-from orchard.agents.loop import Limits, record_verdict, run_episode, save_episode
+from orchard.agents.loop import Limits, record_verdict, save_episode
 from orchard.agents.models import ModelError, TransformersModel
 from orchard.errors import ConfigError, OrchardError
-from orchard.tasks.grading import grade_patch
+from orchard.eval.attempt import attempt
 from orchard.train import lora_config, quiet, save_trained, shared_args
-from orchard.train.bar import BARConfig, Rollout, balanced_rollout
+from orchard.train.bar import Rollout, balanced_rollout
+from orchard.train.config import RLConfig
 from orchard.train.sft import assistant_spans
 
 if TYPE_CHECKING:
     from orchard.agents.models import Model
     from orchard.env.client import Client
-    from orchard.tasks.schema import SWETask
+    from orchard.tasks.base import TaskBase
 
 RUBRIC = """Score this software engineering attempt from 0 to 1: did it investigate before editing,
 make a focused change, and check its work? Answer with one number."""
 _NUMBER = re.compile(r"(?<![\d.])(0(?:\.\d+)?|1(?:\.0+)?|\.\d+)(?![\d.])")
-
-
-@dataclass
-class RLSettings:
-    bar: BARConfig = field(default_factory=lambda: BARConfig(group_size=4, max_rollouts=8, stride=4))
-    harnesses: tuple[str, ...] = ("bash",)
-    max_steps: int = 2
-    learning_rate: float = 1e-5
-    episode_steps: int = 4
-    max_new_tokens: int = 64
-    max_completion_length: int = 4096
-    temperature: float = 1.0
-    success_reward: float = 1.0
-    failure_reward: float = -1.0
-    judge_weight: float = 0.0
-    beta: float = 0.0
-    seed: int = 0
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    lora: bool = False
-    lora_rank: int = 16
-    use_vllm: bool = False
-    """Rollouts generate on a vLLM server (`trl vllm-serve --model PATH`) that TRL keeps in sync."""
-    vllm_server: str = "http://localhost:8000"
-    parallel: int = 4
-    """Rollouts of a stride run at once."""
 
 
 @dataclass
@@ -100,10 +76,10 @@ class SandboxRollouts:
 
     def __init__(
         self,
-        tasks: Sequence[SWETask],
+        tasks: Sequence[TaskBase],
         images: dict[str, str],
         client: Client,
-        settings: RLSettings,
+        settings: RLConfig,
         judge: Model | None = None,
         on_step: Callable[[int, dict[str, float]], object] | None = None,
         run_id: str | None = None,
@@ -121,7 +97,7 @@ class SandboxRollouts:
         self.history: list[dict[str, float]] = []
 
     @staticmethod
-    def prompt_key(task: SWETask) -> str:
+    def prompt_key(task: TaskBase) -> str:
         return f"[{task.instance_id}] {task.problem_statement}"
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
@@ -185,12 +161,12 @@ class SandboxRollouts:
             self.vllm = VLLMServer(url, self.settings.max_new_tokens, self.settings.temperature)
         return self.vllm
 
-    def _stride(self, task: SWETask, policy: TransformersModel, count: int) -> list[Rollout]:
+    def _stride(self, task: TaskBase, policy: TransformersModel, count: int) -> list[Rollout]:
         """`count` rollouts at once: sandboxes and grading overlap, generation takes turns on the device."""
         with ThreadPoolExecutor(max_workers=max(1, min(count, self.settings.parallel))) as pool:
             return list(pool.map(lambda _: self._rollout(task, policy), range(count)))
 
-    def _rollout(self, task: SWETask, policy: TransformersModel) -> Rollout:
+    def _rollout(self, task: TaskBase, policy: TransformersModel) -> Rollout:
         try:
             return self._episode(task, policy)
         except OrchardError as exc:  # a sandbox that would not start, a grading failure: not a crash
@@ -206,30 +182,22 @@ class SandboxRollouts:
                 payload=payload | {"error": str(exc)},
             )
 
-    def _episode(self, task: SWETask, policy: TransformersModel) -> Rollout:
-        image = self.images[task.instance_id]
-        harness = harness_factory(self.rng.choice(self.settings.harnesses))()
-        with self.client.create(image, memory="4Gi") as box:
-            episode = run_episode(
-                task,
-                harness,
-                policy.session(task, harness),
-                box,
-                model_name=policy.name,
-                limits=Limits(max_steps=self.settings.episode_steps),
-            )
-        grade = grade_patch(self.client, task, episode.patch, image)
+    def _episode(self, task: TaskBase, policy: TransformersModel) -> Rollout:
+        harness = self.rng.choice(self.settings.harnesses)
+        limits = Limits(max_steps=self.settings.episode_steps)
+        episode, grade = attempt(task, harness, policy, self.client, self.images[task.instance_id], limits=limits)
         resolved = grade.resolved
         if self.run_id is not None and episode.status != "aborted":  # a failure of ours says nothing of the policy
             save_episode(episode, run_id=self.run_id, sample=next(self._samples), db_url=self.db_url)
             record_verdict(episode.trajectory_id, grade.outcome, resolved, db_url=self.db_url)
-        reward = self.settings.success_reward if resolved else self.settings.failure_reward
+        low, high = self.settings.failure_reward, self.settings.success_reward
+        reward = low + (high - low) * grade.score  # SWE: +1 resolved, -1 not; partial credit in between
         if self.judge is not None and self.settings.judge_weight:
             reward += self.settings.judge_weight * self._rubric(task, episode.messages)
         payload = self._tokens(policy, episode.messages, episode.tools)
         return Rollout(success=resolved, reward=reward, status=episode.status, payload=payload)
 
-    def _rubric(self, task: SWETask, messages: list[dict[str, Any]]) -> float:
+    def _rubric(self, task: TaskBase, messages: list[dict[str, Any]]) -> float:
         assert self.judge is not None
         from orchard.agents.bash import BashHarness
 
@@ -322,18 +290,19 @@ def reward_from_rollout(prompts: Any, completions: Any, reward: list[float], **_
 
 def train_rl(
     model_path: str,
-    tasks: Sequence[SWETask],
+    tasks: Sequence[TaskBase],
     images: dict[str, str],
     client: Client,
     output_dir: str,
-    settings: RLSettings | None = None,
+    config: RLConfig | None = None,
     judge: Model | None = None,
     callbacks: list | None = None,
     on_step: Callable[[int, dict[str, float]], object] | None = None,
     run_id: str | None = None,
     db_url: str | None = None,
 ) -> dict[str, Any]:
-    """GRPO with BAR-assembled groups for `settings.max_steps` steps; the policy goes to `output_dir`.
+    """GRPO with BAR-assembled groups for `config.max_steps` steps, TRL's arguments taken from `config`;
+    the policy goes to `output_dir`.
     With `run_id`, every rollout is stored as a graded trajectory of that run."""
     import os
 
@@ -342,32 +311,32 @@ def train_rl(
     from trl import GRPOConfig, GRPOTrainer
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    settings = settings or RLSettings()
-    if settings.use_vllm and importlib.util.find_spec("vllm") is None:
+    config = config or RLConfig()
+    if config.use_vllm and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             "rl.use_vllm needs vLLM next to TRL (a GPU machine): pip install vllm, then start "
             "trl vllm-serve --model STUDENT before training"
         )
-    group = settings.bar.group_size
-    rollouts = SandboxRollouts(tasks, images, client, settings, judge, on_step, run_id, db_url)
+    group = config.bar.group_size
+    rollouts = SandboxRollouts(tasks, images, client, config, judge, on_step, run_id, db_url)
     dataset = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": SandboxRollouts.prompt_key(t)}]} for t in tasks]
     )
     args = GRPOConfig(
         output_dir=output_dir,
-        learning_rate=settings.learning_rate,
-        max_steps=settings.max_steps,
+        learning_rate=config.learning_rate,
+        max_steps=config.max_steps,
         per_device_train_batch_size=group,
         num_generations=group,
         steps_per_generation=1,
-        max_completion_length=settings.max_completion_length,
-        beta=settings.beta,
-        seed=settings.seed,
-        bf16=settings.bf16,
-        gradient_checkpointing=settings.gradient_checkpointing,
-        use_vllm=settings.use_vllm,
+        max_completion_length=config.max_completion_length,
+        beta=config.beta,
+        seed=config.seed,
+        bf16=config.bf16,
+        gradient_checkpointing=config.gradient_checkpointing,
+        use_vllm=config.use_vllm,
         vllm_mode="server",
-        vllm_server_base_url=settings.vllm_server if settings.use_vllm else None,
+        vllm_server_base_url=config.vllm_server if config.use_vllm else None,
         vllm_importance_sampling_correction=False,  # the rollouts' log-probs are the policy's own, see _tokens
         ddp_find_unused_parameters=False,
         **shared_args(),
@@ -381,7 +350,7 @@ def train_rl(
         processing_class=tokenizer,
         rollout_func=rollouts,
         callbacks=callbacks,
-        peft_config=lora_config(settings.lora_rank) if settings.lora else None,
+        peft_config=lora_config(config.lora_rank) if config.lora else None,
     )
     try:
         quiet(trainer).train()

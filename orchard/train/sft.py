@@ -24,6 +24,7 @@ from sqlmodel import col, select
 from orchard.errors import ConfigError
 from orchard.store import StepRecord, TrajectoryRecord, session
 from orchard.train import lora_config, quiet, save_trained, shared_args
+from orchard.train.config import SFTConfig
 from orchard.train.credit import EPSILON
 
 IGNORE = -100
@@ -169,50 +170,37 @@ def sft_examples(
     return examples
 
 
-@dataclass
-class SFTSettings:
-    learning_rate: float = 1e-4
-    max_steps: int = 20
-    epochs: float = 1.0
-    batch_size: int = 1
-    gradient_accumulation: int = 1
-    max_length: int = 4096
-    seed: int = 0
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    lora: bool = False
-    lora_rank: int = 16
-
-
 def train_sft(
     model_path: str | Path,
     examples: Sequence[SFTExample],
     output_dir: str | Path,
-    settings: SFTSettings | None = None,
+    config: SFTConfig | None = None,
     callbacks: list | None = None,
 ) -> dict[str, Any]:
-    """One TRL SFT run on pre-tokenized examples; the model is saved to `output_dir`."""
+    """One TRL SFT run on pre-tokenized examples, TRL's arguments taken from `config`; the model is
+    saved to `output_dir`."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig as TRLArguments
+    from trl import SFTTrainer
 
     if not examples:
         raise ConfigError("no SFT examples: collect trajectories and run credit assignment first")
-    settings = settings or SFTSettings()
+    config = config or SFTConfig()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path)
-    peft_config = lora_config(settings.lora_rank) if settings.lora else None
-    args = SFTConfig(
+    peft_config = lora_config(config.lora_rank) if config.lora else None
+    args = TRLArguments(
         output_dir=str(output_dir),
-        learning_rate=settings.learning_rate,
-        max_steps=settings.max_steps,
-        num_train_epochs=settings.epochs,
-        per_device_train_batch_size=settings.batch_size,
-        gradient_accumulation_steps=settings.gradient_accumulation,
-        max_length=settings.max_length,
-        seed=settings.seed,
-        bf16=settings.bf16,
-        gradient_checkpointing=settings.gradient_checkpointing,  # TRL's default is on: always say which
+        learning_rate=config.learning_rate,
+        max_steps=config.max_steps,
+        num_train_epochs=config.epochs,
+        per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation,
+        max_length=config.max_length,
+        seed=config.seed,
+        bf16=config.bf16,
+        gradient_checkpointing=config.gradient_checkpointing,  # TRL's default is on: always say which
         **shared_args(),
         dataset_kwargs={"skip_prepare_dataset": True},
         remove_unused_columns=False,

@@ -23,9 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from orchard.errors import ConfigError
+from orchard.configfile import load_config_file
+from orchard.train.config import SWEConfig
 
 if TYPE_CHECKING:
     from orchard.train.launch import Launch
@@ -33,146 +32,34 @@ if TYPE_CHECKING:
 Log = Callable[[str], None]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StudentConfig(_Strict):
-    path: str | None = Field(default=None, description="a model folder or hub id; none: a tiny model built offline")
-    smollm2: bool = Field(default=False, description="SmolLM2-135M-Instruct, a real small model, offline")
-    tiny_hidden_size: int = 64
-    tiny_layers: int = 2
-
-
-class CollectConfig(_Strict):
-    teachers: list[str] = ["scripted:gold"]
-    harnesses: list[str] = ["bash", "tools"]
-    samples: int = Field(default=1, ge=1)
-    max_steps: int = 30
-    base_url: str | None = None
-
-
-class CreditConfig(_Strict):
-    estimator: str = Field(default="replay", pattern="^(replay|judge)$")
-    judge: str | None = None
-    epsilon: float = 0.05
-
-
-class SFTStage(_Strict):
-    max_tokens: int | None = Field(default=None, description="filter: leave out longer trajectories")
-    drop_unparsable: bool = Field(default=True, description="filter: leave out trajectories with format errors")
-    drop_undefined_tools: bool = Field(default=True, description="filter: leave out calls of tools not offered")
-    max_steps: int = 20
-    learning_rate: float = 1e-4
-    batch_size: int = 1
-    max_length: int = 4096
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    lora: bool = Field(default=False, description="train LoRA adapters (peft), merged into the saved model")
-    lora_rank: int = Field(default=16, ge=1)
-
-
-class RLStage(_Strict):
-    enabled: bool = True
-    max_steps: int = 2
-    learning_rate: float = 1e-5
-    group_size: int = 8
-    max_rollouts: int = 16
-    stride: int = 16
-    rho_min: float = 0.375
-    rho_max: float = 0.625
-    harnesses: list[str] = ["bash", "tools"]
-    episode_steps: int = 20
-    max_new_tokens: int = 512
-    max_completion_length: int = 8192
-    judge: str | None = None
-    judge_weight: float = 0.0
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    lora: bool = False
-    lora_rank: int = Field(default=16, ge=1)
-    use_vllm: bool = Field(default=False, description="rollouts generate on a vLLM server: trl vllm-serve")
-    vllm_server: str = "http://localhost:8000"
-    parallel: int = Field(default=4, ge=1, description="rollouts of a stride at once")
-    tasks: int | None = Field(default=None, description="train on the first N tasks only")
-
-    @model_validator(mode="after")
-    def _bar(self) -> RLStage:
-        from orchard.train.bar import BARConfig
-
-        BARConfig(self.group_size, self.max_rollouts, self.stride, self.rho_min, self.rho_max)  # ValueError: reported
-        return self
-
-
-class ValueStage(_Strict):
-    max_steps: int = 20
-    learning_rate: float = 5e-4
-    max_length: int = 2048
-
-
-class EvalStage(_Strict):
-    enabled: bool = False
-    harnesses: list[str] = ["bash", "tools", "cli"]
-    samples: int = 2
-    max_steps: int = 10
-
-
-class SWEConfig(_Strict):
-    name: str
-    tasks: str
-    repos: str | None = None
-    ids: list[str] | None = None
-    work_dir: str
-    concurrency: int = 2
-    student: StudentConfig = StudentConfig()
-    collect: CollectConfig = CollectConfig()
-    credit: CreditConfig = CreditConfig()
-    sft: SFTStage = SFTStage()
-    rl: RLStage = RLStage()
-    value: ValueStage = ValueStage()
-    eval: EvalStage = EvalStage()
-
-
 def load_config(path: str | Path) -> SWEConfig:
-    import yaml
-
-    source = Path(path)
-    if not source.is_file():
-        raise ConfigError(f"no config file {path}")
-    try:
-        data = yaml.safe_load(source.read_text())
-        return SWEConfig.model_validate(data)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"]) or "config"
-        raise ConfigError(f"{path}: {where}: {error['msg']}") from None
+    """The recipe in YAML file `path` (the keys: `orchard.train.config`); its paths are relative to the file."""
+    return load_config_file(path, SWEConfig)
 
 
 def run_swe(config: SWEConfig, *, log: Log = print, db_url: str | None = None) -> dict[str, Any]:
     """Run (or continue) every stage; the summary of each. Under a multi-process launch, see `orchard.train.launch`."""
     from orchard.env import Client
     from orchard.tasks import load_tasks
-    from orchard.tasks.environments import RepoMirror, task_image
+    from orchard.tasks.base import Prepare
     from orchard.train.launch import Launch
 
     launch = Launch()
     log = launch.log(log)
-    work = Path(config.work_dir).expanduser()
-    work.mkdir(parents=True, exist_ok=True)
     tasks = load_tasks(config.tasks, ids=config.ids)
-    mirror = RepoMirror(config.repos)
+    prepare = Prepare(config.repos)
+    work = Path(config.work_dir)
+    work.mkdir(parents=True, exist_ok=True)  # once the tasks are found: a mistake leaves nothing behind
 
     def setup() -> tuple[dict[str, str], str]:
         log(f"[setup] {len(tasks)} tasks; building their images")
-        return {t.instance_id: task_image(t, mirror) for t in tasks}, _student(config, work, log)
+        return {t.instance_id: t.sandbox_image(prepare) for t in tasks}, _student(config, work, log)
 
     images, student = launch.once(setup)
     summary: dict[str, Any] = {"student": student}
     stage = functools.partial(_stage, config, launch, db_url, log)
     with Client(db_url=db_url) as client:
-        collect_runs = launch.once(lambda: _collect(config, tasks, mirror, client, log, db_url))
+        collect_runs = launch.once(lambda: _collect(config, tasks, prepare, client, log, db_url))
         summary["collect"] = collect_runs
         summary["credit"] = stage(
             "credit", lambda _run: _credit(config, tasks, images, client, collect_runs, db_url), everywhere=False
@@ -192,7 +79,7 @@ def run_swe(config: SWEConfig, *, log: Log = print, db_url: str | None = None) -
                 db_url,
                 log,
                 "eval",
-                lambda _run: _eval(config, tasks, mirror, client, student, policy, value_dir, log, db_url),
+                lambda _run: _eval(config, tasks, prepare, client, student, policy, value_dir, log, db_url),
             )
     launch.close()
     summary["policy"] = policy
@@ -274,7 +161,7 @@ def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _collect(config: SWEConfig, tasks, mirror, client, log: Log, db_url: str | None) -> list[str]:
+def _collect(config: SWEConfig, tasks, prepare, client, log: Log, db_url: str | None) -> list[str]:
     from orchard.agents.loop import Limits
     from orchard.agents.models import model_from_spec
     from orchard.eval.agent import agent_solver
@@ -294,9 +181,9 @@ def _collect(config: SWEConfig, tasks, mirror, client, log: Log, db_url: str | N
             tasks,
             config.collect.harnesses,
             config.collect.samples,
-            agent_solver(model, Limits(max_steps=config.collect.max_steps), db_url=db_url),
+            agent_solver(model, Limits(max_steps=config.collect.episode_steps), db_url=db_url),
             client=client,
-            mirror=mirror,
+            prepare=prepare,
             config=run_config,
             name=f"{config.name} collect {teacher}",
             concurrency=config.concurrency,
@@ -325,8 +212,7 @@ def _credit(config: SWEConfig, tasks, images, client, runs: list[str], db_url: s
     if config.credit.estimator == "judge":
         from orchard.agents.models import model_from_spec
 
-        if not config.credit.judge:
-            raise ConfigError("credit.estimator judge needs credit.judge: a model spec")
+        assert config.credit.judge  # CreditConfig requires one
         judge = JudgeEstimator(model_from_spec(config.credit.judge))
     segments = steps = 0
     for trajectory in unresolved:
@@ -352,7 +238,7 @@ def _sft(
 
     from transformers import AutoTokenizer
 
-    from orchard.train.sft import SFTFilters, SFTSettings, sft_examples, train_sft
+    from orchard.train.sft import SFTFilters, sft_examples, train_sft
     from orchard.train.tracking import StoreMetrics
 
     tokenizer = AutoTokenizer.from_pretrained(student)
@@ -369,17 +255,7 @@ def _sft(
         filters=filters,
         db_url=db_url,
     )
-    settings = SFTSettings(
-        learning_rate=config.sft.learning_rate,
-        max_steps=config.sft.max_steps,
-        batch_size=config.sft.batch_size,
-        max_length=config.sft.max_length,
-        bf16=config.sft.bf16,
-        gradient_checkpointing=config.sft.gradient_checkpointing,
-        lora=config.sft.lora,
-        lora_rank=config.sft.lora_rank,
-    )
-    result = train_sft(student, examples, work / "sft", settings, callbacks=[StoreMetrics(run_id, db_url=db_url)])
+    result = train_sft(student, examples, work / "sft", config.sft, callbacks=[StoreMetrics(run_id, db_url=db_url)])
     result["by_harness"] = dict(Counter(e.harness for e in examples))
     result["resolved_examples"] = sum(e.resolved for e in examples)
     result["partial_examples"] = sum(not e.resolved for e in examples)
@@ -391,34 +267,10 @@ def _rl(
 ) -> dict[str, Any]:
     from orchard.agents.models import model_from_spec
     from orchard.store.runs import record_metrics
-    from orchard.train.bar import BARConfig
-    from orchard.train.rl import RLSettings, train_rl
+    from orchard.train.rl import train_rl
     from orchard.train.tracking import StoreMetrics
 
     rl = config.rl
-    settings = RLSettings(
-        bar=BARConfig(
-            group_size=rl.group_size,
-            max_rollouts=rl.max_rollouts,
-            stride=rl.stride,
-            rho_min=rl.rho_min,
-            rho_max=rl.rho_max,
-        ),
-        harnesses=tuple(rl.harnesses),
-        max_steps=rl.max_steps,
-        learning_rate=rl.learning_rate,
-        episode_steps=rl.episode_steps,
-        max_new_tokens=rl.max_new_tokens,
-        max_completion_length=rl.max_completion_length,
-        judge_weight=rl.judge_weight,
-        bf16=rl.bf16,
-        gradient_checkpointing=rl.gradient_checkpointing,
-        lora=rl.lora,
-        lora_rank=rl.lora_rank,
-        use_vllm=rl.use_vllm,
-        vllm_server=rl.vllm_server,
-        parallel=rl.parallel,
-    )
     judge = model_from_spec(rl.judge) if rl.judge else None
     chosen = list(tasks)[: rl.tasks] if rl.tasks else list(tasks)
     result = train_rl(
@@ -427,7 +279,7 @@ def _rl(
         images,
         client,
         str(work / "rl"),
-        settings,
+        rl,
         judge=judge,
         callbacks=[StoreMetrics(run_id, db_url=db_url)],
         on_step=lambda step, values: record_metrics(run_id, step, values, db_url=db_url),
@@ -446,17 +298,16 @@ def _value(
     config: SWEConfig, student: str, work: Path, runs: list[str], run_id: str, db_url: str | None
 ) -> dict[str, Any]:
     from orchard.train.tracking import StoreMetrics
-    from orchard.train.value import ValueSettings, graded_trajectories, train_value
+    from orchard.train.value import graded_trajectories, train_value
 
     trajectories = graded_trajectories(runs, db_url=db_url)
-    settings = ValueSettings(
-        max_steps=config.value.max_steps, learning_rate=config.value.learning_rate, max_length=config.value.max_length
+    return train_value(
+        student, trajectories, work / "value", config.value, callbacks=[StoreMetrics(run_id, db_url=db_url)]
     )
-    return train_value(student, trajectories, work / "value", settings, callbacks=[StoreMetrics(run_id, db_url=db_url)])
 
 
 def _eval(
-    config: SWEConfig, tasks, mirror, client, student: str, policy: str, value_dir: str, log: Log, db_url: str | None
+    config: SWEConfig, tasks, prepare, client, student: str, policy: str, value_dir: str, log: Log, db_url: str | None
 ) -> dict[str, Any]:
     """The student before training and the policy after, under every eval harness (one may have been
     held out of training): the model x harness matrix; the policy's samples reranked."""
@@ -475,9 +326,9 @@ def _eval(
             tasks,
             config.eval.harnesses,
             config.eval.samples,
-            agent_solver(model, Limits(max_steps=config.eval.max_steps), db_url=db_url),
+            agent_solver(model, Limits(max_steps=config.eval.episode_steps), db_url=db_url),
             client=client,
-            mirror=mirror,
+            prepare=prepare,
             config={
                 "pipeline": config.name,
                 "model": path,

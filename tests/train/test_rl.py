@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from orchard.agents.base import Reply
-from orchard.train.bar import BARConfig
-from orchard.train.rl import RLSettings, train_rl
+from orchard.train.config import RLConfig
+from orchard.train.rl import train_rl
 
 pytestmark = pytest.mark.docker
 
@@ -37,12 +37,15 @@ def test_one_grpo_step_on_bar_groups_of_sandboxed_episodes(client, example_task,
     base = build_tiny_model(tmp_path / "tiny")
     before = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(base).state_dict().items()}
     judge = Judge()
-    settings = RLSettings(
-        bar=BARConfig(group_size=2, max_rollouts=4, stride=2),
-        harnesses=("bash", "tools"),
+    settings = RLConfig(
+        group_size=2,
+        max_rollouts=4,
+        stride=2,
+        harnesses=["bash", "tools"],
         max_steps=1,
         episode_steps=2,
         max_new_tokens=16,
+        max_completion_length=4096,
         judge_weight=0.5,
         learning_rate=1e-2,
     )

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from orchard.agents.tools import TOOLS
-from orchard.train.sft import IGNORE, SFTExample, SFTSettings, assistant_spans, token_labels, train_sft
+from orchard.train.config import SFTConfig
+from orchard.train.sft import IGNORE, SFTExample, assistant_spans, token_labels, train_sft
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def test_sft_trains_the_tiny_model_with_trl(tiny, tokenizer, tmp_path):
     before = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(tiny).state_dict().items()}
     built = token_labels(tokenizer, MESSAGES, TOOLS, trained_turns=None)
     examples = [SFTExample("t", "tools", True, 3, built["input_ids"], built["labels"])] * 4
-    result = train_sft(tiny, examples, tmp_path / "sft", SFTSettings(max_steps=3, learning_rate=1e-2, max_length=1024))
+    result = train_sft(tiny, examples, tmp_path / "sft", SFTConfig(max_steps=3, learning_rate=1e-2, max_length=1024))
     assert result["steps"] == 3 and len(result["losses"]) == 3 and all(loss > 0 for loss in result["losses"])
     assert result["gradient_checkpointing"] is False  # as asked, though TRL's default is on
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "sft").state_dict()
@@ -94,7 +95,7 @@ def test_lora_bf16_and_gradient_checkpointing_save_a_merged_model(tiny, tokenize
     before = AutoModelForCausalLM.from_pretrained(tiny).state_dict()
     built = token_labels(tokenizer, MESSAGES, TOOLS, trained_turns=None)
     examples = [SFTExample("t", "tools", True, 3, built["input_ids"], built["labels"])] * 2
-    settings = SFTSettings(
+    settings = SFTConfig(
         max_steps=2, learning_rate=5e-2, max_length=1024, bf16=True, gradient_checkpointing=True, lora=True, lora_rank=4
     )
     result = train_sft(tiny, examples, tmp_path / "sft", settings)

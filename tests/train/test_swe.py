@@ -30,7 +30,7 @@ def test_the_whole_recipe_then_a_rerun_that_skips_every_stage(orchard_home, base
         ids=["orchard-examples__textkit-1", "orchard-examples__timecalc-2"],
         work_dir=str(tmp_path / "work"),
     )
-    config["eval"] = {"enabled": True, "harnesses": ["bash", "cli"], "samples": 2, "max_steps": 2}
+    config["eval"] = {"enabled": True, "harnesses": ["bash", "cli"], "samples": 2, "episode_steps": 2}
     path = tmp_path / "swe.yaml"
     path.write_text(yaml.safe_dump(config))
 
@@ -82,6 +82,52 @@ def test_the_whole_recipe_then_a_rerun_that_skips_every_stage(orchard_home, base
     )  # fmt: skip
     assert reranked.exit_code == 0, reranked.output
     assert "rerank bash: one sample 100.0%, value-model pick 100.0%, oracle pass@2 100.0%" in reranked.stdout
+
+
+def test_a_recipe_run_from_another_folder_takes_its_paths_from_the_file(
+    orchard_home, base_image, example_repos, tmp_path
+):
+    """The shipped swe-tiny, shortened, run from an unrelated folder with an empty $HOME: its tasks and
+    repos are found next to the file, models go under $ORCHARD_HOME/train/NAME, and nothing of Orchard's
+    lands in $HOME or the working folder (before: the tasks were looked for in the working folder, after the
+    work folder had been made under ~/.orchard)."""
+    import os
+    import subprocess
+    import sys
+
+    from orchard.config import settings
+    from orchard.store.runs import get_run
+
+    recipe = tmp_path / "recipe"
+    (recipe / "configs").mkdir(parents=True)
+    (recipe / "tasks").symlink_to(ROOT / "examples/tasks")
+    (recipe / "repos").symlink_to(example_repos)
+    config = yaml.safe_load((ROOT / "examples/configs/swe-tiny.yaml").read_text())
+    assert config["tasks"] == "../tasks/tasks.jsonl" and "work_dir" not in config  # as shipped
+    config.update(name="elsewhere", repos="../repos", ids=["orchard-examples__textkit-1"])
+    config["collect"]["harnesses"] = ["bash"]
+    config["sft"]["max_steps"] = config["value"]["max_steps"] = 1
+    config["rl"] = {"enabled": False}
+    path = recipe / "configs" / "swe.yaml"
+    path.write_text(yaml.safe_dump(config))
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    env = {**os.environ, "HOME": str(home), "ORCHARD_CACHE_DIR": str(settings().cache_dir)}  # the built agent
+    done = subprocess.run(
+        [sys.executable, "-m", "orchard", "train", "swe", "--config", str(path)],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"policy: {orchard_home / 'train' / 'elsewhere' / 'sft'}" in done.stdout
+    assert (orchard_home / "train" / "elsewhere" / "value" / "config.json").is_file()
+    assert all(get_run(f"elsewhere-{stage}").status == "finished" for stage in ("credit", "sft", "value"))
+    assert not (home / ".orchard").exists() and not (home / ".cache" / "orchard").exists()  # matplotlib's: there
+    assert list(elsewhere.iterdir()) == []
 
 
 def two_processes(config: dict, tmp_path: Path):
@@ -159,8 +205,9 @@ def test_a_failure_on_the_main_process_stops_every_process(orchard_home, base_im
 def test_a_stage_stopped_by_a_signal_is_interrupted_and_a_crash_failed(orchard_home, raised, status):
     """SIGTERM (a launcher stopping the processes, `kill`) arrives as SystemExit; an error is a failure."""
     from orchard.store.runs import get_run
+    from orchard.train.config import SWEConfig
     from orchard.train.launch import Launch
-    from orchard.train.swe import SWEConfig, _stage
+    from orchard.train.swe import _stage
 
     config = SWEConfig(name="p", tasks="t.jsonl", work_dir=str(orchard_home / "w"))
 
@@ -179,10 +226,27 @@ def test_config_mistakes_are_one_line(tmp_path):
     bad.write_text("name: x\ntasks: t.jsonl\nwork_dir: /tmp/x\nrl: {group_sise: 4}\n")
     result = runner.invoke(app, ["train", "swe", "--config", str(bad)])
     assert result.exit_code == 1 and result.stderr.startswith(
-        f"error: {bad}: rl.group_sise: Extra inputs are not permitted"
+        f"error: {bad}: rl.group_sise: unknown key (did you mean group_size?)"
     )
     missing = runner.invoke(app, ["train", "swe", "--config", str(tmp_path / "nope.yaml")])
     assert missing.exit_code == 1 and "no config file" in missing.stderr
+
+
+def test_every_mistake_of_a_recipe_is_on_one_line_the_unknown_key_first(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "name: x\ntasks: t.jsonl\nsft: {learning_rate: fast}\nrl: {max_steps: many, group_sise: 4}\n"
+        "value: {max_steps: 0}\nevals: {}\n"
+    )
+    result = runner.invoke(app, ["train", "swe", "--config", str(bad)])
+    assert result.exit_code == 1 and result.stdout == "" and result.stderr.count("\n") == 1
+    line = result.stderr.removeprefix(f"error: {bad}: ").rstrip("\n").split("; ")
+    assert set(line[:2]) == {
+        "evals: unknown key (did you mean eval?)",
+        "rl.group_sise: unknown key (did you mean group_size?)",
+    }
+    assert [mistake.split(": ")[0] for mistake in line[2:]] == ["sft.learning_rate", "rl.max_steps", "value.max_steps"]
+    assert "valid number" in line[2] and "valid integer" in line[3] and "-1 to train for `epochs`" in line[4]
 
 
 def test_an_impossible_bar_config_is_one_line(tmp_path):

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from orchard.eval.rerank import ValueModel, rerank
 from orchard.store import TrajectoryRecord
-from orchard.train.value import ValueModel, ValueSettings, rerank, train_value
+from orchard.train.config import ValueConfig
+from orchard.train.value import train_value
 
 
 def record(index: int, resolved: bool, instance: str = "t") -> TrajectoryRecord:
@@ -38,7 +40,7 @@ def test_a_value_model_separates_resolved_from_unresolved(tmp_path: Path):
 
     base = build_tiny_model(tmp_path / "tiny")
     train = [record(i, i % 2 == 0) for i in range(8)]
-    result = train_value(base, train, tmp_path / "value", ValueSettings(max_steps=40, learning_rate=3e-3, batch_size=4))
+    result = train_value(base, train, tmp_path / "value", ValueConfig(max_steps=40, learning_rate=3e-3, batch_size=4))
     assert result["steps"] == 40 and result["losses"][-1] < result["losses"][0]
     model = ValueModel(tmp_path / "value")
     good, bad = model.score([record(100, True), record(101, False)])

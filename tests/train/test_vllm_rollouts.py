@@ -20,8 +20,8 @@ import pytest
 
 from orchard.agents.models import ModelError, TransformersModel
 from orchard.errors import ConfigError
-from orchard.train.bar import BARConfig
-from orchard.train.rl import RLSettings, SandboxRollouts, VLLMServer, train_rl
+from orchard.train.config import RLConfig
+from orchard.train.rl import SandboxRollouts, VLLMServer, train_rl
 
 
 @contextmanager
@@ -88,8 +88,15 @@ def test_a_rollout_generates_every_turn_on_the_server(client, example_task, orch
 
     model, tokenizer, _ = tiny
     task, image = example_task("orchard-examples__textkit-1")
-    settings = RLSettings(
-        bar=BARConfig(group_size=2, max_rollouts=2, stride=2), episode_steps=3, max_new_tokens=12, use_vllm=True
+    settings = RLConfig(
+        group_size=2,
+        max_rollouts=2,
+        stride=2,
+        harnesses=["bash"],
+        episode_steps=3,
+        max_new_tokens=12,
+        max_completion_length=4096,
+        use_vllm=True,
     )
     with completions_server(model) as (url, requests):
         rollouts = SandboxRollouts([task], {task.instance_id: image}, client, settings, run_id="rl-run")
@@ -126,4 +133,4 @@ def test_server_failures_are_model_errors_and_a_missing_server_is_one_line(tiny)
 def test_use_vllm_without_vllm_installed_says_what_to_do(tiny, tmp_path):
     _, _, folder = tiny
     with pytest.raises(ConfigError, match="pip install vllm"):
-        train_rl(str(folder), [], {}, None, str(tmp_path / "rl"), RLSettings(use_vllm=True))  # type: ignore[arg-type]
+        train_rl(str(folder), [], {}, None, str(tmp_path / "rl"), RLConfig(use_vllm=True))  # type: ignore[arg-type]
