@@ -8,6 +8,7 @@
 | `ORCHARD_RUN_DIR` | `$XDG_RUNTIME_DIR/orchard` or `/tmp/orchard-$UID` | per-sandbox socket folders (short paths: Unix sockets allow 107 bytes) |
 | `ORCHARD_URL` / `SANDBOX_BASE_URL` | unset | a running `orchard up` service for the SDK and the CLI |
 | `ORCHARD_API_KEY` / `SANDBOX_API_KEY` | unset | its API key |
+| `HF_HUB_OFFLINE` / `HF_ENDPOINT` | unset / `https://huggingface.co` | the Hugging Face hub (`require_hub`) |
 
 `ORCHARD_HOME` holds keys, the store and logs: it is made mode 0700 (a wider one is tightened)
 and the files in it 0600 (`private_folder`, `private_file`).
@@ -19,6 +20,8 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from orchard.errors import ConfigError
 
 BASE_IMAGE = "orchard/base:bookworm"
 """The Debian image `orchard image build-base` makes offline; the default image of sandboxes."""
@@ -72,16 +75,27 @@ def private_folder(path: Path) -> Path:
 
     A folder that is not ours to change is left as it is, with a warning.
     """
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the folder {path}: {exc.strerror or exc}{_home_hint(path)}") from None
     _tighten(path, 0o700)
     return path
 
 
 def private_file(path: Path) -> Path:
     """`path`, created empty with mode 0600 if missing, or tightened to it when wider."""
-    os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o600))
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o600))
+    except OSError as exc:
+        raise ConfigError(f"cannot create the file {path}: {exc.strerror or exc}{_home_hint(path)}") from None
     _tighten(path, 0o600)
     return path
+
+
+def _home_hint(path: Path) -> str:
+    home = settings().home
+    return f"; set ORCHARD_HOME to a folder you can write (now {home})" if path.is_relative_to(home) else ""
 
 
 def _tighten(path: Path, most: int) -> None:
@@ -91,3 +105,33 @@ def _tighten(path: Path, most: int) -> None:
             path.chmod(mode & most)
         except PermissionError:
             logging.getLogger("orchard").warning("%s is mode %o, not %o, and not ours to change", path, mode, most)
+
+
+def require_hub(name: str) -> None:
+    """Fail at once, with one line, when `name` would come from a Hugging Face hub that does not answer.
+
+    The hub's clients retry for about 30 s before they give up; one TCP connection to the hub's
+    endpoint (`HF_ENDPOINT`), or to the proxy that reaches it, tells in a few seconds. With
+    `HF_HUB_OFFLINE` set nothing is checked: the clients then read only the local cache, and fail
+    at once themselves.
+    """
+    import socket
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return
+    target = endpoint = urlsplit(constants.ENDPOINT)
+    proxy = urllib.request.getproxies().get(endpoint.scheme)
+    if proxy and not urllib.request.proxy_bypass(endpoint.hostname or ""):
+        target = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    port = target.port or (443 if target.scheme == "https" else 80)
+    try:
+        socket.create_connection((target.hostname or "", port), timeout=5).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot reach the Hugging Face hub at {constants.ENDPOINT} for {name!r} ({exc.strerror or exc}): "
+            "connect to a network, or set HF_HUB_OFFLINE=1 to use the local cache"
+        ) from None

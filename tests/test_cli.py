@@ -155,3 +155,181 @@ def test_model_tiny_builds_offline_and_refuses_a_full_folder(tmp_path):
         again.exit_code == 1
         and again.stderr == f"error: {tmp_path / 'tiny'} is not empty; choose a new folder for the model\n"
     )
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound once to find it free, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _one_error_line(result, needle: str) -> None:
+    output = result.output if hasattr(result, "output") else result.stdout + result.stderr
+    stderr = result.stderr
+    code = result.exit_code if hasattr(result, "exit_code") else result.returncode
+    assert code == 1, output
+    assert "Traceback" not in output, output
+    assert stderr.startswith("error: ") and stderr.count("\n") == 1, stderr
+    assert needle in stderr, stderr
+
+
+def test_every_help_page_reads_as_a_command_line():
+    """No `<bool>`, no Python type such as `<list[str]>`, no `{braces}` in usage; choices as a|b."""
+    import re
+
+    import typer.main
+
+    def pages(command, path):
+        yield path
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from pages(sub, [*path, name])
+
+    seen = 0
+    for path in pages(typer.main.get_command(app), []):
+        shown = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "120"})
+        assert shown.exit_code == 0, (path, shown.output)
+        assert not re.search(r"<[\w\[\]|, ]+>", shown.output), (path, shown.output)
+        usage = next(line for line in shown.output.splitlines() if "Usage:" in line)
+        assert "{" not in usage and "}" not in usage and "[[" not in usage, (path, usage)
+        seen += 1
+    assert seen > 25  # the root, every group and every command
+    create = runner.invoke(app, ["sandbox", "create", "--help"], env={"COLUMNS": "120"}).output
+    assert "blocked|open" in create and "[IMAGE]" in create
+    assert (
+        "eval|collect|credit|sft|rl|value|bench"
+        in runner.invoke(app, ["runs", "ls", "--help"], env={"COLUMNS": "120"}).output
+    )
+    assert "IMAGE=SIZE" in runner.invoke(app, ["up", "--help"], env={"COLUMNS": "120"}).output
+
+
+def test_a_refused_command_line_is_one_error_line(orchard_home):
+    for argv, needle in [
+        (["runs", "ls", "--bogus"], "no such option: --bogus (see `orchard runs ls --help`)"),
+        (["up", "--api-key", "k"], "no such option: --api-key; did you mean --api-key-file?"),
+        (["runs", "show"], "missing argument 'RUN_ID'"),
+        (["nosuch"], "no such command 'nosuch'"),
+        (["eval", "--tasks", "t.jsonl", "--k", "0"], "'--k'"),
+    ]:
+        _one_error_line(runner.invoke(app, argv), needle)
+
+
+def test_runs_ls_kind_is_a_choice(orchard_home):
+    result = runner.invoke(app, ["runs", "ls", "--kind", "bogus"])
+    _one_error_line(
+        result, "--kind must be one of 'eval', 'collect', 'credit', 'sft', 'rl', 'value', 'bench', not 'bogus'"
+    )
+    assert runner.invoke(app, ["runs", "ls", "--kind", "sft"]).stdout == "no runs\n"
+
+
+def test_export_to_a_missing_folder_is_one_line(orchard_home, tmp_path):
+    out = tmp_path / "nosuch" / "x.jsonl"
+    _one_error_line(runner.invoke(app, ["trajectories", "export", str(out)]), f"there is no folder {out.parent}")
+    assert not out.parent.exists()
+
+
+def test_model_tiny_on_a_file_is_one_line(tmp_path):
+    target = tmp_path / "a-file"
+    target.write_text("mine\n")
+    _one_error_line(runner.invoke(app, ["model", "tiny", str(target)]), f"{target} is not a folder")
+    assert target.read_text() == "mine\n"
+
+
+def test_a_malformed_store_url_is_one_line(orchard_home, monkeypatch):
+    monkeypatch.setenv("ORCHARD_DB_URL", "not a url")
+    _one_error_line(runner.invoke(app, ["runs", "ls"]), "the store's URL is not a database URL")
+
+
+def test_an_unreachable_postgresql_is_one_line(orchard_home, monkeypatch):
+    port = _closed_port()
+    monkeypatch.setenv("ORCHARD_DB_URL", f"postgresql://u:secret@127.0.0.1:{port}/db")
+    result = runner.invoke(app, ["runs", "ls"])
+    _one_error_line(result, f"cannot open the store at postgresql://u:***@127.0.0.1:{port}/db")
+    assert "secret" not in result.output
+
+
+def test_an_unwritable_orchard_home_is_one_line(tmp_path, monkeypatch):
+    """A home under a file cannot be made, root or not (permission bits do not stop root)."""
+    (tmp_path / "a-file").write_text("")
+    home = tmp_path / "a-file" / "home"
+    monkeypatch.setenv("ORCHARD_HOME", str(home))
+    monkeypatch.delenv("ORCHARD_DB_URL", raising=False)
+    _one_error_line(runner.invoke(app, ["runs", "ls"]), f"cannot create the folder {home}")
+    assert "set ORCHARD_HOME to a folder you can write" in runner.invoke(app, ["runs", "ls"]).stderr
+
+
+def test_up_refuses_a_port_out_of_range_before_starting(orchard_home):
+    _one_error_line(runner.invoke(app, ["up", "--port", "99999"]), "'--port'")
+    assert not (orchard_home / "service.json").exists() and not (orchard_home / "service.log").exists()
+
+
+def test_up_refuses_an_unknown_backend_before_starting(orchard_home):
+    result = runner.invoke(app, ["up", "--backend", "k8s"])
+    _one_error_line(result, "unknown backend 'k8s': use docker or module:Class")
+    assert not (orchard_home / "service.json").exists() and not (orchard_home / "service.log").exists()
+
+
+def test_train_value_names_a_missing_run(orchard_home, tmp_path):
+    argv = ["train", "value", "--runs", "nosuch", "--base", str(tmp_path), "--out", str(tmp_path / "v")]
+    _one_error_line(runner.invoke(app, argv), "no run 'nosuch' (`orchard runs ls` lists them)")
+    assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--tasks", "org/dataset", "--model", "noop"],  # a hub dataset
+        ["--tasks", "examples/tasks/tasks.jsonl", "--model", "hf:org/model"],  # a hub model
+    ],
+)
+def test_a_hub_id_offline_is_one_line_without_retries(orchard_home, argv):
+    """The hub is a closed loopback port: nothing leaves the machine, and the clients would retry."""
+    import os
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env["HF_ENDPOINT"] = f"http://127.0.0.1:{_closed_port()}"
+    result = subprocess.run(
+        [sys.executable, "-m", "orchard", "eval", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=600,
+    )
+    _one_error_line(result, f"cannot reach the Hugging Face hub at {env['HF_ENDPOINT']} for 'org/")
+    assert "set HF_HUB_OFFLINE=1" in result.stderr
+
+
+def test_status_says_how_to_start_docker_anywhere(orchard_home, tmp_path, monkeypatch):
+    """`./dev` exists only in a checkout; the hint must work for an installed Orchard too."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-engine.sock'}")
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 0, result.output  # a report, not a failure (tests/env/test_faults.py)
+    assert "docker engine : not reachable: start it (`sudo systemctl start docker`" in result.stdout
+    assert "./dev" not in result.output and "store" in result.stdout
+
+
+def test_registries_take_a_name_or_a_full_import_path(tmp_path):
+    from orchard.agents import harness_factory
+    from orchard.agents.tools import ToolsHarness
+    from orchard.env.backends import DockerConfig, backend_config
+    from orchard.errors import ConfigError
+
+    assert harness_factory("tools") is harness_factory("orchard.agents.tools:ToolsHarness") is ToolsHarness
+    assert isinstance(backend_config("orchard.env.backends.docker:DockerConfig"), DockerConfig)
+    with pytest.raises(
+        ConfigError, match=r"unknown harness 'vim': use bash, tools, cli, module:Class or path/file.py:Class"
+    ):
+        harness_factory("vim")
+    with pytest.raises(ConfigError, match=r"unknown backend 'k8s': use docker or module:Class$"):
+        backend_config("k8s")
+    with pytest.raises(ConfigError, match=r"unknown backend 'x\.py:C'"):  # files are for harnesses
+        backend_config("x.py:C")
+    with pytest.raises(ConfigError, match="is not a backend config"):
+        backend_config("os:path")
+    mine = tmp_path / "mine.py"
+    mine.write_text("from orchard.agents.bash import BashHarness\n\nclass Mine(BashHarness):\n    name = 'mine'\n")
+    assert harness_factory(f"{mine}:Mine") is harness_factory(f"{mine}:Mine")  # the file runs once

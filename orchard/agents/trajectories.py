@@ -53,8 +53,15 @@ def export_lines(*, run_id: str | None = None, db_url: str | None = None) -> Ite
 
 
 def export_file(path: Path, *, run_id: str | None = None, db_url: str | None = None) -> int:
+    """Write the trajectories of `run_id` (all when None) to `path` as JSONL; how many."""
+    if not path.parent.is_dir():
+        raise ConfigError(f"cannot write {path}: there is no folder {path.parent}")
+    try:
+        out = path.open("w", encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
     count = 0
-    with path.open("w", encoding="utf-8") as out:
+    with out:
         for line in export_lines(run_id=run_id, db_url=db_url):
             out.write(line + "\n")
             count += 1

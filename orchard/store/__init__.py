@@ -13,21 +13,24 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-from sqlalchemy import event, text
-from sqlalchemy.engine import Engine
-from sqlmodel import Session, SQLModel, create_engine
+from typing import TYPE_CHECKING, Any
 
 from orchard.config import private_file, private_folder, settings
-from orchard.store.tables import (
-    ExecRecord,
-    MetricRecord,
-    ResultRecord,
-    RunRecord,
-    SandboxRecord,
-    StepRecord,
-    TrajectoryRecord,
-)
+from orchard.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+    from sqlmodel import Session
+
+    from orchard.store.tables import (
+        ExecRecord,
+        MetricRecord,
+        ResultRecord,
+        RunRecord,
+        SandboxRecord,
+        StepRecord,
+        TrajectoryRecord,
+    )
 
 __all__ = [
     "ExecRecord",
@@ -41,8 +44,18 @@ __all__ = [
     "session",
 ]
 
+_TABLES = ("ExecRecord", "MetricRecord", "ResultRecord", "RunRecord", "SandboxRecord", "StepRecord", "TrajectoryRecord")
 _engines: dict[str, Engine] = {}
 _lock = threading.Lock()
+
+
+def __getattr__(name: str) -> Any:
+    """The tables, imported when first asked for: SQLAlchemy loads only when the store is used."""
+    if name not in _TABLES:
+        raise AttributeError(f"module 'orchard.store' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module("orchard.store.tables"), name)
 
 
 def _tune_sqlite(dbapi_connection, _record) -> None:
@@ -61,13 +74,39 @@ def get_engine(url: str | None = None) -> Engine:
     with _lock:
         engine = _engines.get(url)
         if engine is None:
-            engine = _create(url)
+            engine = _opened(url)
             _engines[url] = engine
     return engine
 
 
+def _opened(url: str) -> Engine:
+    """`_create`, its failures as one line naming the store (a password masked) and how to fix it."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, DBAPIError
+
+    try:
+        return _create(url)
+    except ArgumentError as exc:  # not a URL, or an unknown dialect
+        raise ConfigError(
+            f"the store's URL is not a database URL ({exc}): set ORCHARD_DB_URL to a SQLAlchemy URL, "
+            "e.g. sqlite:////path/orchard.db or postgresql://user:password@host/db"
+        ) from None
+    except ImportError as exc:  # the URL's driver is not installed
+        extra = " (pip install 'orchard-agents[postgres]')" if url.startswith("postgresql") else ""
+        raise ConfigError(f"the store's database driver is missing: {exc}{extra}") from None
+    except DBAPIError as exc:  # the server refused, or is not there
+        where = make_url(url).render_as_string(hide_password=True)
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise ConfigError(f"cannot open the store at {where}: {reason}; check ORCHARD_DB_URL") from None
+
+
 def _create(url: str) -> Engine:
     """The engine, with the tables created; processes that start together take turns at that."""
+    from sqlalchemy import event, text
+    from sqlmodel import SQLModel, create_engine
+
+    import orchard.store.tables  # noqa: F401  (the tables join SQLModel's metadata)
+
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///"))
         _private_store(path)
@@ -94,7 +133,10 @@ def _private_store(path: Path) -> None:
     if path.parent.resolve() == settings().home.resolve():
         private_folder(path.parent)
     else:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the store's folder {path.parent}: {exc.strerror or exc}") from None
     private_file(path)
     for journal in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         if journal.exists():  # left by an older Orchard, perhaps wider
@@ -104,6 +146,8 @@ def _private_store(path: Path) -> None:
 @contextmanager
 def session(url: str | None = None) -> Iterator[Session]:
     """One transaction: committed when the block ends, rolled back if it raises."""
+    from sqlmodel import Session
+
     with Session(get_engine(url), expire_on_commit=False) as db:
         try:
             yield db

@@ -78,6 +78,8 @@ def build_tiny_model(
     )
 
     out = Path(folder).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is not a folder; choose a new folder for the model")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty; choose a new folder for the model")
     texts = list(corpus) if corpus is not None else default_corpus()

@@ -2,9 +2,15 @@
 
 A backend only does lifecycle (create, inspect, delete, list); commands and files never go
 through it: the client talks to the exec agent inside the sandbox directly.
+
+`BACKENDS` names each backend's config class; `backend_config` takes a name there or the full
+import path (`module:Class`) of a config with a `build()`. Importing this package is light: a
+backend's module loads only when its config is asked for, its client library only at `build()`.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from orchard.env.backends.base import (
     AgentEndpoint,
@@ -13,25 +19,38 @@ from orchard.env.backends.base import (
     SandboxSpec,
     SandboxState,
 )
-from orchard.env.backends.docker import DockerConfig
 from orchard.errors import ConfigError
+from orchard.registry import load
 
-BackendConfig = DockerConfig
-"""Configs of every backend; a union discriminated by `type` once Kubernetes joins."""
+if TYPE_CHECKING:
+    from orchard.env.backends.docker import DockerConfig
 
-_CONFIGS: dict[str, type[DockerConfig]] = {"docker": DockerConfig}
+    BackendConfig = DockerConfig
+    """Configs of every backend; a union discriminated by `type` once Kubernetes joins."""
+
+BACKENDS: dict[str, str] = {"docker": "orchard.env.backends.docker:DockerConfig"}
+"""Backends by name: `name -> "module:ConfigClass"`."""
 
 
 def backend_config(name: str) -> BackendConfig:
-    """The default config of the backend called `name`, with an error listing the known ones."""
-    try:
-        return _CONFIGS[name]()
-    except KeyError:
-        known = ", ".join(sorted(_CONFIGS))
-        raise ConfigError(f"unknown backend {name!r}: choose one of {known}") from None
+    """The default config of the backend `name` (or `module:Class`); an unknown one lists the known ones."""
+    config = load(BACKENDS, name, "backend")
+    if not (isinstance(config, type) and callable(getattr(config, "build", None))):
+        raise ConfigError(f"backend {name!r} is not a backend config (a class with a build() method)")
+    return config()
+
+
+def __getattr__(name: str) -> Any:
+    """`DockerConfig` (and `BackendConfig`, the same for now), imported when first asked for."""
+    if name not in ("DockerConfig", "BackendConfig"):
+        raise AttributeError(f"module 'orchard.env.backends' has no attribute {name!r}")
+    from orchard.env.backends.docker import DockerConfig
+
+    return DockerConfig
 
 
 __all__ = [
+    "BACKENDS",
     "AgentEndpoint",
     "Backend",
     "BackendConfig",

