@@ -2,10 +2,12 @@
 
 Screens (keys in the footer): Runs (`enter` opens one, `k` cycles the kind filter, `t` the status
 filter), Run (metrics as sparklines, the eval matrix, its trajectories), Trajectory (each step's
-action and observation, the value curve of credit assignment, rise-segment steps marked), and
-Sandboxes (`s` from anywhere; `d` deletes the highlighted one). Everything is read from the store
-(the SQLite file or `ORCHARD_DB_URL`) every `refresh` seconds, so it works beside any writer.
-Keyboard-first, usable at 80x24, and `NO_COLOR` is honoured (by Textual).
+action and observation, the value curve of credit assignment, rise-segment steps marked: credit
+at least the `credit.epsilon` the run was configured with), and Sandboxes (`s` from anywhere; `d`
+deletes the highlighted one, through the service or a manager: see `delete_sandbox`). Everything
+is read from the store (the SQLite file or `ORCHARD_DB_URL`) through `orchard.store.views`, the
+read model `orchard runs show` shares, every `refresh` seconds, so it works beside any writer.
+Keyboard-first, usable at 80x24, and `NO_COLOR` is honoured (by Textual). The layout is `app.tcss`.
 """
 
 from __future__ import annotations
@@ -16,25 +18,15 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from rich.text import Text
-from sqlmodel import col, func, select
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static
 
-from orchard.errors import OrchardError
-from orchard.store import (
-    ExecRecord,
-    MetricRecord,
-    ResultRecord,
-    RunRecord,
-    SandboxRecord,
-    StepRecord,
-    TrajectoryRecord,
-    session,
-)
-from orchard.store.runs import headline, list_runs, metrics_of
+from orchard.errors import NotFound, OrchardError
+from orchard.store import views
+from orchard.train.credit import EPSILON
 
 KINDS = [None, "eval", "collect", "credit", "sft", "rl", "value"]
 STATUSES = [None, "running", "finished", "failed", "interrupted"]
@@ -83,18 +75,9 @@ class RunsScreen(Screen):
         table = self.query_one(DataTable)
         selected = table.cursor_row
         table.clear()
-        db_url = self.app.db_url  # type: ignore[attr-defined]
-        runs = list_runs(kind=kind, status=status, db_url=db_url)
-        with session(db_url) as db:
-            graded = dict(db.exec(select(ResultRecord.run_id, func.count()).group_by(ResultRecord.run_id)).all())
-            steps = dict(
-                db.exec(select(MetricRecord.run_id, func.max(MetricRecord.step)).group_by(MetricRecord.run_id)).all()
-            )
-        for run in runs:
-            progress = (
-                f"{graded[run.id]} graded" if run.id in graded else f"step {steps[run.id]}" if steps.get(run.id) else ""
-            )
-            table.add_row(run.id, run.kind, run.status, _when(run.started_at), progress, headline(run), key=run.id)
+        for run in views.runs(kind=kind, status=status, db_url=self.app.db_url):  # type: ignore[attr-defined]
+            progress = f"{run.graded} graded" if run.graded else f"step {run.last_step}" if run.last_step else ""
+            table.add_row(run.id, run.kind, run.status, _when(run.started_at), progress, run.headline, key=run.id)
         if table.row_count:
             table.move_cursor(row=min(selected, table.row_count - 1))
 
@@ -139,16 +122,7 @@ class RunScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        db_url = self.app.db_url  # type: ignore[attr-defined]
-        with session(db_url) as db:
-            run = db.get(RunRecord, self.run_id)
-            trajectories = list(
-                db.exec(
-                    select(TrajectoryRecord)
-                    .where(TrajectoryRecord.run_id == self.run_id)
-                    .order_by(col(TrajectoryRecord.instance_id))
-                )
-            )
+        run = views.run_view(self.run_id, db_url=self.app.db_url)  # type: ignore[attr-defined]
         if run is None:
             self.query_one("#about", Static).update(f"no run {self.run_id}")
             return
@@ -159,30 +133,24 @@ class RunScreen(Screen):
         ]
         if run.error:
             lines.append(f"error: {run.error}")
-        lines.append(headline(run))
+        lines.append(run.headline)
         lines.append(f"config: {_one_line(run.config, 300)}")
         self.query_one("#about", Static).update(Text("\n".join(lines)))
         box = self.query_one("#metrics", VerticalScroll)
-        for name, points in sorted(metrics_of(run.id, db_url=db_url).items()):
-            values = [v for _, v in points]
-            box.mount(Label(f"{name}: {values[-1]:.4g} (step {points[-1][0]}, {len(values)} points)"))
-            if len(values) > 1:
-                box.mount(Sparkline(values, summary_function=max))
+        for metric in run.metrics:
+            step, value = metric.points[-1]
+            box.mount(Label(f"{metric.name}: {value:.4g} (step {step}, {len(metric.points)} points)"))
+            if len(metric.points) > 1:
+                box.mount(Sparkline(metric.values, summary_function=max))
         matrix = self.query_one("#matrix", DataTable)
         matrix.add_columns("harness", "resolved", "rate", "outcomes")
-        for harness, row in json.loads(run.summary).get("harnesses", {}).items():
-            outcomes = ", ".join(f"{k} {v}" for k, v in row.get("outcomes", {}).items())
-            matrix.add_row(
-                harness,
-                f"{row.get('resolved', 0)}/{row.get('attempts', 0)}",
-                f"{row.get('resolve_rate', 0):.0%}",
-                outcomes,
-            )
+        for row in run.harnesses:
+            outcomes = ", ".join(f"{k} {v}" for k, v in row.outcomes.items())
+            matrix.add_row(row.harness, f"{row.resolved}/{row.attempts}", f"{row.resolve_rate:.0%}", outcomes)
         table = self.query_one("#trajectories", DataTable)
         table.add_columns("task", "harness", "status", "verdict", "steps")
-        for t in trajectories:
-            verdict = t.outcome or "-"
-            table.add_row(t.instance_id, t.harness, t.status, verdict, str(t.steps), key=t.id)
+        for t in run.trajectories:
+            table.add_row(t.instance_id, t.harness, t.status, t.outcome or "-", str(t.steps), key=t.id)
         for name, shown in (("matrix", matrix.row_count), ("trajectories", table.row_count)):
             self.query_one(f"#{name}-title").display = self.query_one(f"#{name}").display = bool(shown)
         if table.row_count:
@@ -215,45 +183,36 @@ class TrajectoryScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        db_url = self.app.db_url  # type: ignore[attr-defined]
-        with session(db_url) as db:
-            t = db.get(TrajectoryRecord, self.trajectory_id)
-            steps = list(
-                db.exec(
-                    select(StepRecord)
-                    .where(StepRecord.trajectory_id == self.trajectory_id)
-                    .order_by(col(StepRecord.index))
-                )
-            )
-            result = db.exec(select(ResultRecord).where(ResultRecord.trajectory_id == self.trajectory_id)).first()
+        t = views.trajectory_view(self.trajectory_id, default_epsilon=EPSILON, db_url=self.app.db_url)  # type: ignore[attr-defined]
         if t is None:
             self.query_one("#about", Static).update(f"no trajectory {self.trajectory_id}")
             return
         about = [
             f"{t.instance_id}  {t.harness}  {t.model}",
-            f"status {t.status}, verdict {t.outcome or '-'}, {t.steps} steps",
+            f"status {t.status}, verdict {t.outcome or '-'}, {t.steps_taken} steps",
         ]
         if t.error:
             about.append(f"error: {t.error}")
-        values = [s.value for s in steps if s.value is not None]
+        values = [s.value for s in t.steps if s.value is not None]
         if values:
             about.append("value after each step: " + " ".join(f"{v:.2f}" for v in values))
         self.query_one("#about", Static).update(Text("\n".join(about)))
         self.query_one("#values", Sparkline).data = values or [0.0]
         table = self.query_one("#steps", DataTable)
         table.add_columns("#", "credit", "", "action", "observation")
-        for s in steps:
-            actions = json.loads(s.actions)
+        for s in t.steps:
             action = (s.format_error and f"format error: {s.format_error}") or "; ".join(
-                _action_text(a) for a in actions
+                _action_text(a) for a in s.actions
             )
-            rise = "▲" if s.credit is not None and s.credit >= 0.05 else ""
             credit = "-" if s.credit is None else f"{s.credit:+.2f}"
-            table.add_row(str(s.index), credit, rise, Text(_one_line(action, 40)), Text(_one_line(s.observation, 40)))
-        tests = ""
-        if result is not None:
-            grade = json.loads(result.grade)
-            tests = "\n".join(f"  {status:<8} {name}" for name, status in grade.get("tests", {}).items())
+            table.add_row(
+                str(s.index),
+                credit,
+                "▲" if s.rise else "",
+                Text(_one_line(action, 40)),
+                Text(_one_line(s.observation, 40)),
+            )
+        tests = "\n".join(f"  {status:<8} {name}" for name, status in (t.tests or {}).items())
         patch = t.patch or "(empty patch)"
         self.query_one("#patch", Static).update(Text(f"final patch:\n{patch}\n\ntests:\n{tests or '  (not graded)'}"))
 
@@ -290,42 +249,13 @@ class SandboxesScreen(Screen):
         self.set_interval(self.app.refresh_seconds, self.reload)  # type: ignore[attr-defined]
 
     def reload(self) -> None:
-        db_url, now = self.app.db_url, self.app.now()  # type: ignore[attr-defined]
-        with session(db_url) as db:
-            live = list(
-                db.exec(
-                    select(SandboxRecord)
-                    .where(col(SandboxRecord.status).in_(["pending", "ready"]))
-                    .order_by(col(SandboxRecord.created_at))
-                )
-            )
-            counts = dict(
-                db.exec(
-                    select(ExecRecord.sandbox_id, func.count())
-                    .where(col(ExecRecord.sandbox_id).in_([s.id for s in live]))
-                    .group_by(ExecRecord.sandbox_id)
-                ).all()
-            )
-            last = {}
-            for sandbox in live:
-                row = db.exec(
-                    select(ExecRecord.command)
-                    .where(ExecRecord.sandbox_id == sandbox.id)
-                    .order_by(col(ExecRecord.created_at).desc())
-                ).first()
-                last[sandbox.id] = row or ""
+        live = views.live_sandboxes(db_url=self.app.db_url)  # type: ignore[attr-defined]
+        now = self.app.now()  # type: ignore[attr-defined]
         table = self.query_one(DataTable)
         table.clear()
         for s in live:
-            table.add_row(
-                s.id,
-                s.image,
-                s.network,
-                _age(now - s.created_at),
-                str(counts.get(s.id, 0)),
-                _one_line(last[s.id], 30),
-                key=s.id,
-            )
+            age, last = _age(now - s.created_at), _one_line(s.last_command, 30)
+            table.add_row(s.id, s.image, s.network, age, str(s.commands), last, key=s.id)
         self.query_one("#count", Label).update(f"{len(live)} live sandbox(es)")
 
     def action_delete(self) -> None:
@@ -346,14 +276,7 @@ class OrchardApp(App):
     """The dashboard over one store."""
 
     TITLE = "Orchard"
-    CSS = """
-    .title { margin-top: 1; text-style: bold; }
-    #metrics { height: auto; }
-    Sparkline { height: 2; margin-bottom: 1; }
-    DataTable { height: auto; max-height: 16; }
-    #runs { height: 1fr; max-height: 100%; }
-    #sandboxes { height: 1fr; max-height: 100%; }
-    """
+    CSS_PATH = "app.tcss"
     SCREENS: ClassVar = {"sandboxes": SandboxesScreen}
 
     def __init__(
@@ -372,15 +295,32 @@ class OrchardApp(App):
         self.push_screen(RunsScreen())
 
     def delete_sandbox(self, sandbox_id: str) -> None:
-        """Remove the container and mark the sandbox deleted in the store."""
+        """Delete a sandbox (see `delete_sandbox`), or hand it to the hook the app was given."""
         if self._delete is not None:
             self._delete(sandbox_id)
-            return
-        from orchard.env.backends import backend_config
+        else:
+            delete_sandbox(sandbox_id, self.db_url)
 
-        backend_config("docker").build().delete(sandbox_id)
-        with session(self.db_url) as db:
-            record = db.get(SandboxRecord, sandbox_id)
-            if record is not None:
-                record.status, record.deleted_at = "deleted", time.time()
-                db.add(record)
+
+def delete_sandbox(sandbox_id: str, db_url: str | None) -> None:
+    """Delete a sandbox as its owner would, so that the owner's records stay true.
+
+    The running service's own sandboxes go through the service (it drops its connections to
+    them); any other goes through a manager acting for the process that made it, which removes
+    it from the engine and marks it deleted in the store.
+    """
+    from orchard.env.client import Client
+    from orchard.env.discovery import running_service_url
+    from orchard.env.manager import SandboxManager
+
+    url = running_service_url()
+    if url:
+        with Client(url=url) as client:
+            if any(row["sandbox_id"] == sandbox_id for row in client.list()):
+                client.attach(sandbox_id).delete()
+                return
+    found = views.sandbox(sandbox_id, db_url=db_url)
+    if found is None:
+        raise NotFound(f"no sandbox {sandbox_id!r} in the store")
+    with SandboxManager(found.backend, owner=found.owner, db_url=db_url, reap_interval=None) as manager:
+        manager.delete(sandbox_id)

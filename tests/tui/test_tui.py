@@ -56,6 +56,29 @@ async def test_a_trajectory_shows_values_credits_and_the_rise(filled_store):
         assert "(empty patch)" in text and "FAILED   tests/test_wrap.py::test_exact_fit" in text
 
 
+async def test_rise_steps_follow_the_epsilon_the_run_was_configured_with(filled_store):
+    """A run storing its recipe's `credit.epsilon` marks only credits at least that high (here none)."""
+    import json
+
+    from orchard.store import RunRecord, session
+
+    with session(filled_store) as db:
+        run = db.get(RunRecord, "eval-1")
+        run.config = json.dumps({"credit": {"epsilon": 1.5}})
+        db.add(run)
+    app = app_for(filled_store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.push_screen(TrajectoryScreen("traj-1"))
+        await pilot.pause()
+        steps = app.screen.query_one("#steps", DataTable)
+        assert [steps.get_row_at(i)[1:3] for i in range(4)] == [
+            ["+0.00", ""],
+            ["+0.00", ""],
+            ["+1.00", ""],
+            ["-1.00", ""],
+        ]
+
+
 async def test_sandboxes_list_and_delete(filled_store):
     deleted: list[str] = []
     app = app_for(filled_store, deleted)
@@ -104,3 +127,27 @@ async def test_deleting_a_real_sandbox(docker_client, busybox_image, tmp_path):
         assert docker_client.api.containers(all=True, filters={"name": f"orchard-{box.id}"}) == []
         with session(db_url) as db:
             assert db.get(SandboxRecord, box.id).status == "deleted"
+
+
+@pytest.mark.docker
+async def test_deleting_a_service_sandbox_goes_through_the_service(start_service, busybox_image, tmp_path, monkeypatch):
+    """The service lets go of it too: deleted behind its back, it would still list it."""
+    from orchard.env import Client
+    from orchard.store import SandboxRecord, session
+
+    db = tmp_path / "service.db"
+    with start_service(db) as (url, key):
+        monkeypatch.setenv("ORCHARD_URL", url)
+        monkeypatch.setenv("ORCHARD_API_KEY", key)
+        with Client(url=url) as client:
+            box = client.create(busybox_image)
+            app = OrchardApp(f"sqlite:///{db}", refresh_seconds=3600)
+            async with app.run_test(size=(80, 24)) as pilot:
+                await pilot.press("s")
+                assert app.screen.query_one(DataTable).get_row_at(0)[0] == box.id
+                await pilot.press("d")
+                await pilot.pause()
+                assert app.screen.query_one(DataTable).row_count == 0
+            assert client.list() == []
+        with session(f"sqlite:///{db}") as db_session:
+            assert db_session.get(SandboxRecord, box.id).status == "deleted"
