@@ -129,14 +129,28 @@ def load_config_file(path: str | Path, model: type[M]) -> M:
     return validated(model, data, base=source.resolve().parent, where=str(path))
 
 
-def validated(model: type[M], data: Any, *, base: str | Path | None = None, where: str = "config") -> M:
+def validated(
+    model: type[M],
+    data: Any,
+    *,
+    base: str | Path | None = None,
+    where: str = "config",
+    flags: dict[str, str] | None = None,
+) -> M:
     """`data` as a `model`, relative paths taken from `base` (default: the working folder); every
-    mistake in one `ConfigError`."""
+    mistake in one `ConfigError`. With `flags` (key -> flag), the data came from a command line:
+    mistakes name the flags, and `where` is left out."""
     try:
         return model.model_validate(data, context={"base": base})
     except ValidationError as exc:
         errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")  # stable: unknown keys first
-        raise ConfigError(f"{where}: {'; '.join(_mistake(model, e) for e in errors)}") from None
+        if flags is not None:
+            for error in errors:
+                loc = tuple(error["loc"])
+                if loc and str(loc[0]) in flags:
+                    error["loc"] = (flags[str(loc[0])], *loc[1:])
+        mistakes = "; ".join(_mistake(model, e) for e in errors)
+        raise ConfigError(mistakes if flags is not None else f"{where}: {mistakes}") from None
 
 
 def _mistake(model: type[BaseModel], error: Any) -> str:

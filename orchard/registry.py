@@ -48,7 +48,9 @@ def load(
             _module_of_file(Path(relative_to or ".") / where, what, name) if is_file else importlib.import_module(where)
         )
         return getattr(module, attribute)
-    except (ImportError, AttributeError, SyntaxError) as exc:
+    except ConfigError:
+        raise
+    except Exception as exc:  # an import error, or whatever a plugin file raises as it runs: one line
         raise ConfigError(f"cannot load {what} {name!r}: {exc}") from None
 
 

@@ -39,6 +39,28 @@ def test_a_task_file_picks_its_kind_and_the_kind_hides_its_solution(tmp_path):
         load_tasks(missing)
 
 
+def test_the_kind_grades_the_submitted_bytes_never_a_claimed_checksum():
+    (task,) = [t for t in load_tasks(KIND_TASKS) if t.instance_id == "checksum-pair"]
+    assert task.grade(None, task.gold(), "unused").score == 1.0  # the grader needs no sandbox here
+    forged = json.dumps(task.files)  # a predictions file claiming the wanted checksums
+    assert task.grade(None, forged, "unused").score == 0.0
+    assert task.grade(None, "not json", "unused").outcome == "unresolved"
+
+
+def test_only_a_local_task_file_may_name_a_kind_by_path(tmp_path):
+    folder = tmp_path / "dataset"
+    folder.mkdir()
+    row = {
+        **json.loads(KIND_TASKS.read_text().splitlines()[0]),
+        "kind": str(KIND_TASKS.parent / "checksum.py:ChecksumTask"),
+    }
+    (folder / "test.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(
+        ConfigError, match=r"row 0: task kind '.*checksum.py:ChecksumTask': a dataset's rows may only name swe"
+    ):
+        load_tasks(folder)
+
+
 @pytest.mark.docker
 def test_eval_grades_a_scored_kind_with_scores_and_credit_finds_its_rise(orchard_home, base_image, client, tmp_path):
     from orchard.train.credit import ReplayEstimator, assess
@@ -60,6 +82,29 @@ def test_eval_grades_a_scored_kind_with_scores_and_credit_finds_its_rise(orchard
         assert noop["mean_score"] == 0.0 and noop["resolved"] == 0
         assert partial["mean_score"] == 0.25 and partial["resolve_rate"] == 0.0 and partial["pass_at_k"]["2"] == 0.0
     assert runs["noop"]["metric"] == "score"
+
+    # the same evaluation as a file: the same run, resumed, nothing redone
+    with session() as db:
+        before = len(db.exec(select(ResultRecord)).all())
+    spec = tmp_path / "eval.yaml"
+    spec.write_text(f"tasks: {KIND_TASKS}\nmodels: [noop]\nharnesses: [bash, tools]\nk: 2\n")
+    again = runner.invoke(app, ["eval", "--config", str(spec)])
+    assert again.exit_code == 0, again.output
+    with session() as db:
+        assert len(db.exec(select(ResultRecord)).all()) == before and len(db.exec(select(RunRecord)).all()) == 3
+
+    # the kind's known solution as predictions; a kind whose grader breaks costs its attempts, not the run
+    gold = runner.invoke(app, ["eval", "--tasks", str(KIND_TASKS), "--predictions", "gold"])
+    assert gold.exit_code == 0 and "│ gold    │      2/2 │ 100.0% │ 1.000 │" in gold.output, gold.output
+    broken = tmp_path / "broken.py"
+    broken.write_text(
+        f"import sys\nsys.path.insert(0, {str(KIND_TASKS.parent)!r})\nfrom checksum import ChecksumTask\n\n\n"
+        "class Broken(ChecksumTask):\n    def grade(self, client, submission, image):\n        raise RuntimeError('oops')\n"
+    )
+    lines = [{**json.loads(line), "kind": "broken.py:Broken"} for line in KIND_TASKS.read_text().splitlines()]
+    (tmp_path / "broken.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    failed = runner.invoke(app, ["eval", "--tasks", str(tmp_path / "broken.jsonl"), "--predictions", "gold"])
+    assert failed.exit_code == 0 and "error 2" in failed.output, failed.output
 
     # a collection whose teacher writes the files and then undoes them: unresolved, one rise
     collected = runner.invoke(
@@ -110,7 +155,7 @@ def test_observations_with_images_travel_through_the_loop_store_and_export(orcha
     harness = Screenshots()
     with client.create(base_image) as box:
         episode = run_episode(task, harness, ScriptedModel("gold").session(task, harness), box, model_name="gold")
-    assert episode.status == "completed" and json.loads(episode.submission) == task.files
+    assert episode.status == "completed" and json.loads(episode.submission) == json.loads(task.gold())
     save_episode(episode, run_id=None, sample=0)
     (line,) = [json.loads(each) for each in export_lines()]
     shown = [m for m in line["messages"] if m["role"] == "user" and isinstance(m["content"], list)]

@@ -88,10 +88,7 @@ class Harness(Protocol):
     def tools(self) -> list[dict[str, Any]] | None: ...
     def parse(self, reply: Reply) -> list[Action]: ...
     def execute(self, action: Action, box: Sandbox, workdir: str) -> Observation: ...
-    def observation_messages(self, action: Action, observation: Any) -> list[Message]: ...
-
-    """`observation` is what this harness's `execute` returned."""
-
+    def observation_messages(self, action: Action, observation: Any) -> list[Message]: ...  # what `execute` returned
     def format_error_messages(self, reply: Reply, error: FormatError) -> list[Message]: ...
     def encode(self, step: Step, index: int) -> Reply: ...
 
@@ -136,8 +133,9 @@ def json_arguments(call: ToolCall) -> dict[str, Any]:
 
 
 def task_text(task: dict[str, Any]) -> str:
-    """The task as the first user turn: its kind's `prompt()`, which the loop adds to the public view."""
-    return str(task["prompt"])
+    """The task as the first user turn: its kind's `prompt()`, which the loop adds to the public view
+    (a bare public view, without it, shows its problem statement)."""
+    return str(task.get("prompt") or task["problem_statement"])
 
 
 def observation_text(observation: Observation) -> str:

@@ -128,6 +128,8 @@ def _reply(message: Message) -> Reply:
         arguments = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
         calls.append(ToolCall(str(call.get("id") or f"call_{index}"), str(function.get("name")), arguments))
     content = message.get("content")
+    if isinstance(content, list):  # content parts: their text, as the model wrote it
+        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
     return Reply(content=content if isinstance(content, str) else "", tool_calls=calls)
 
 

@@ -24,6 +24,9 @@ HARNESS_HELP = f"Harnesses, comma-separated: {names(HARNESSES, files=True)}."
 MODEL_HELP = "Models, comma-separated: scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME, hf:PATH."
 CONFIG_HELP = "Read the settings from this YAML file instead of flags (keys: orchard/eval/config.py)."
 
+FLAG_OF = {"models": "--model", "harnesses": "--harness"}
+"""The config keys whose flag is not the key itself."""
+
 if TYPE_CHECKING:
     from orchard.eval.config import CollectRunConfig, EvalConfig
 
@@ -104,6 +107,8 @@ def collect(
     """Run teachers on a task set and keep every trajectory, graded, as a `collect` run."""
     from orchard.eval.config import CollectRunConfig
 
+    if config is None and model is None:
+        raise OrchardError("say who collects: --model SPECS (the teachers)")
     flags = {
         "tasks": tasks,
         "models": model,
@@ -139,7 +144,8 @@ def _config(ctx: typer.Context, model: type, path: Path | None, flags: dict[str,
             f"no predictions file {flags['predictions']} (or say `gold` to grade the tasks' own patches)"
         )
     data = {key: str(value) if isinstance(value, Path) else value for key, value in flags.items() if value is not None}
-    return validated(model, data, where="flags")
+    names = {key: FLAG_OF.get(key, f"--{key.replace('_', '-')}") for key in flags}
+    return validated(model, data, flags=names)
 
 
 def _show(config: EvalConfig | CollectRunConfig, kind: str) -> None:
@@ -150,12 +156,13 @@ def _show(config: EvalConfig | CollectRunConfig, kind: str) -> None:
 
     from orchard.env import Client
     from orchard.eval.console import EvalProgress, matrix_table, results_table
-    from orchard.eval.jobs import run_jobs, swebench_reports
+    from orchard.eval.jobs import jobs, run_jobs, swebench_reports
 
     rerank = getattr(config, "rerank", None)
     console, summaries = Console(), {}
+    tasks, found = jobs(config)  # every name and file checked before a sandbox is made
     with Client() as client:
-        for job, result in run_jobs(config, kind, client, progress=EvalProgress):
+        for job, result in run_jobs(config, tasks, found, kind, client, progress=EvalProgress):
             console.print(results_table(result.summary, f"run {result.run_id} - {job.name}"))
             if rerank is not None and getattr(config, "predictions", None) is None:
                 from orchard.eval.rerank import rerank_run

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,8 @@ def jobs(config: EvalConfig | CollectRunConfig) -> tuple[list[Any], list[Job]]:
     from orchard.eval.agent import agent_solver
 
     tasks = load_tasks(config.tasks, split=config.split, ids=config.ids)
-    source = config.tasks
+    source = str(Path(config.tasks).resolve()) if Path(config.tasks).exists() else config.tasks
+    base_url = config.base_url or os.environ.get("OPENAI_BASE_URL") or None  # as the flag reads it
     predictions = getattr(config, "predictions", None)
     if predictions is not None:
         from orchard.eval.predictions import load_predictions, solver_for
@@ -64,12 +66,12 @@ def jobs(config: EvalConfig | CollectRunConfig) -> tuple[list[Any], list[Job]]:
         harness_factory(harness)  # a wrong name is one line now, not an error per attempt
     found = []
     for spec in config.models or []:
-        agent = model_from_spec(spec, base_url=config.base_url)
+        agent = model_from_spec(spec, base_url=base_url)
         settings: dict[str, Any] = {
             "tasks": source,
             "ids": [t.instance_id for t in tasks],
             "model": spec,
-            "base_url": config.base_url,
+            "base_url": base_url,
             "harnesses": config.harnesses,
             "k": config.k,
             "max_steps": config.episode_steps,  # the key older runs were filed under: a rerun resumes them
@@ -81,16 +83,17 @@ def jobs(config: EvalConfig | CollectRunConfig) -> tuple[list[Any], list[Job]]:
 
 def run_jobs(
     config: EvalConfig | CollectRunConfig,
+    tasks: list[Any],
+    found: list[Job],
     kind: str,
     client: Client,
     *,
     progress: Callable[[], Any] | None = None,
 ) -> Iterator[tuple[Job, EvalResult]]:
-    """Each job's finished run, in order (`kind` eval or collect); `progress()` makes a context
-    manager that is called with (done, total, record) as attempts finish."""
+    """Each job's finished run (of `jobs(config)`), in order (`kind` eval or collect); `progress()`
+    makes a context manager that is called with (done, total, record) as attempts finish."""
     import contextlib
 
-    tasks, found = jobs(config)
     prepare = Prepare(config.repos)
     for job in found:
         with progress() if progress else contextlib.nullcontext() as on_progress:

@@ -1,9 +1,10 @@
 """Predictions: submissions made elsewhere (for SWE, patches), graded as SWE-bench's own harness does.
 
 A predictions file is JSONL (or a JSON list, or a JSON object keyed by instance id) of
-`{"instance_id", "model_patch", "model_name_or_path"}`, read by the one record reader of task
-files (`orchard.tasks.loading.read_records`), so a bad line is named as in a task file. `gold`
-stands for each task's own solution (its `patch`): grading it checks that the task set itself is sound.
+`{"instance_id", "model_patch", "model_name_or_path"}` (`model_patch`: any kind's submission),
+read by the one record reader of task files (`orchard.tasks.loading.read_records`), so a bad line
+is named as in a task file. `gold` stands for each task's known solution (`task.gold()`; SWE: its
+`patch`): grading it checks that the task set itself is sound.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ GOLD = "gold"
 def load_predictions(source: str, tasks: list[Any]) -> tuple[str, dict[str, str]]:
     """(model name, instance id -> submission); `gold` takes each task's own `patch`."""
     if source == GOLD:
-        return GOLD, {t.instance_id: str(getattr(t, "patch", "")) for t in tasks}
+        return GOLD, {t.instance_id: t.gold() for t in tasks}
     path = Path(source)
     if not path.is_file():
         raise ConfigError(f"no predictions file {source} (or say `gold` to grade the tasks' own patches)")

@@ -11,19 +11,20 @@ OUTCOME_ORDER = ["resolved", "unresolved", "empty_patch", "patch_failed", "timeo
 def write_report(folder: Path, summary: dict[str, Any], title: str) -> Path:
     """`report.md` plus `resolve_rate.png` and `outcomes.png` in `folder`; the Markdown's path."""
     harnesses = summary["harnesses"]
+    scored = summary.get("metric") == "score"
     plots = _plots(folder, harnesses) if harnesses else []
     lines = [
         f"# {title}",
         "",
-        "| harness | resolved | rate | score | suspicious | pass@k | pass^k | steps | tokens | outcomes |",
+        f"| harness | resolved | rate |{' score |' if scored else ''} suspicious | pass@k | pass^k | steps | tokens | outcomes |",
     ]
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|" + ("---|" if scored else "") + "---|---|---|---|---|---|")
     for name, row in harnesses.items():
         k = str(len(row["pass_at_k"]))
         outcomes = ", ".join(f"{kind} {count}" for kind, count in row["outcomes"].items())
-        score = f"{row['mean_score']:.3f}" if "mean_score" in row else "-"
+        score = f" {row['mean_score']:.3f} |" if scored else ""
         lines.append(
-            f"| {name} | {row['resolved']}/{row['attempts']} | {row['resolve_rate']:.1%} | {score} | {flagged(row)} "
+            f"| {name} | {row['resolved']}/{row['attempts']} | {row['resolve_rate']:.1%} |{score} {flagged(row)} "
             f"| {row['pass_at_k'][k]:.1%} (k={k}) | {row['pass_hat_k'][k]:.1%} | {row['mean_steps']:.1f} "
             f"| {row['mean_tokens']:.0f} | {outcomes} |"
         )

@@ -151,6 +151,8 @@ def _images(attempts: Sequence[Attempt], prepare: Prepare, concurrency: int) -> 
             images[task.instance_id] = task.sandbox_image(prepare)
         except OrchardError as exc:
             images[task.instance_id] = exc
+        except Exception as exc:  # a kind's bug: that task's attempts are errors, the run goes on
+            images[task.instance_id] = OrchardError(f"{type(exc).__name__}: {exc}")
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         list(pool.map(build, tasks.values()))
@@ -181,7 +183,7 @@ def _attempt(
         if solved.error and not solved.submission.strip():
             grade = Grade(task.instance_id, "error", error=solved.error)
         else:
-            grade = task.grade(client, solved.submission, image)
+            grade = _graded(task, client, solved.submission, image)
     if solved.trajectory_id:
         record_verdict(solved.trajectory_id, grade.outcome, grade.resolved, db_url=db_url)
     details = grade.public()
@@ -210,6 +212,16 @@ def _attempt(
 def metric_of(tasks: Sequence[TaskBase]) -> str:
     """`score` when any task's kind grades with scores, else `resolve_rate`."""
     return "score" if any(type(t).metric == "score" for t in tasks) else "resolve_rate"
+
+
+def _graded(task: TaskBase, client: Client, submission: str, image: str) -> Grade:
+    """The kind's grade, its score held to [0, 1]; a grader that fails is an `error` outcome."""
+    try:
+        grade = task.grade(client, submission, image)
+    except Exception as exc:  # OrchardError (the sandbox went away) or a kind's bug: not the attempt's fault
+        return Grade(task.instance_id, "error", error=f"grading failed ({type(exc).__name__}): {exc}")
+    grade.score = min(1.0, max(0.0, float(grade.score)))
+    return grade
 
 
 def summarize(results: Sequence[ResultRecord], task_ids: Sequence[str], metric: str = "resolve_rate") -> dict[str, Any]:

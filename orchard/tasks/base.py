@@ -16,15 +16,18 @@ call these, so a new kind is one file (a subclass of `TaskBase`) plus a line in
         grade(client, submission, image) -> Grade           # the verdict, score in [0, 1]
         progress(client, submission, image) -> float        # mid-episode, for credit by replay
         script(name) -> list[Step]                          # `scripted:gold` and friends
+        gold() -> str                                       # the known solution as a submission
 
 A submission is text, so the same store, predictions files and value model carry every kind's: a
-patch for SWE, a JSON document of final state for kinds that are graded on state.
+patch for SWE, a JSON document of final state for kinds that are graded on state. It is untrusted
+input to `grade`, whoever made it (an agent's sandbox, a predictions file): a kind grades what the
+submission holds (a patch, the files' bytes), never what it claims about itself (a checksum, a
+verdict).
 """
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -81,16 +84,15 @@ class Grade:
 
 @dataclass
 class Prepare:
-    """What kinds build their images from: a local mirror of repositories, a log for progress."""
+    """What kinds build their images from: for SWE, a local mirror of repositories."""
 
     repos: str | Path | None = None
     """A folder of git repositories (`DIR/owner/name` or `DIR/owner__name`), for SWE tasks."""
-    log: Callable[[str], None] | None = None
     _mirror: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.repos is not None and not Path(self.repos).expanduser().is_dir():
-            raise ConfigError(f"--repos {self.repos} is not a folder")
+        if self.repos is not None:
+            self.mirror()  # a wrong folder is one error now, not one per task
 
     def mirror(self) -> Any:
         """The SWE repository mirror (one per `Prepare`, so clones are shared)."""
@@ -144,6 +146,9 @@ class TaskBase(BaseModel):
 
     def script(self, name: str) -> list[Step]:
         raise ConfigError(f"task {self.instance_id} ({self.kind}) has no scripted solution {name!r}")
+
+    def gold(self) -> str:
+        raise ConfigError(f"task {self.instance_id} ({self.kind}) has no known solution to grade as `gold`")
 
 
 def task_sandbox(client: Client, task: Any, image: str, **overrides: Any) -> Any:

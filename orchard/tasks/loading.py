@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from orchard.errors import ConfigError, InvalidRequest
 from orchard.tasks.base import TaskBase
-from orchard.tasks.kinds import task_class
+from orchard.tasks.kinds import KINDS, task_class
 
 
 def load_tasks(source: str | Path, *, split: str = "test", ids: Sequence[str] | None = None) -> list[Any]:
@@ -35,7 +35,7 @@ def load_tasks(source: str | Path, *, split: str = "test", ids: Sequence[str] | 
         records = _records_of_hub(str(source), split)
     else:
         raise ConfigError(f"no task file or dataset at {source}")
-    tasks = _validate(records, str(source), path.parent if path.is_file() else path)
+    tasks = _validate(records, str(source), path.parent if path.is_file() else None)
     if ids:
         wanted = set(ids)
         missing = sorted(wanted - {t.instance_id for t in tasks})
@@ -114,15 +114,20 @@ def _records_of_hub(name: str, split: str) -> Iterable[tuple[str, Any]]:
         yield f"row {index}", record
 
 
-def _validate(records: Iterable[tuple[str, Any]], source: str, folder: Path) -> list[Any]:
+def _validate(records: Iterable[tuple[str, Any]], source: str, folder: Path | None) -> list[Any]:
+    """Each record as its kind's task; `folder` is the task file's, where a kind may be named by a
+    path or module. A dataset's rows (a folder, the hub) may only name kinds of `KINDS`: data
+    fetched from elsewhere never picks the code that runs."""
     tasks: list[TaskBase] = []
     seen: set[str] = set()
     for where, record in records:
         if not isinstance(record, dict):
             raise ConfigError(f"{source}, {where}: a task must be a JSON object")
-        kind = record.get("kind") or "swe"
+        kind = str(record.get("kind") or "swe")
         try:
-            cls = task_class(str(kind), relative_to=folder)
+            if folder is None and kind not in KINDS:
+                raise ConfigError(f"task kind {kind!r}: a dataset's rows may only name {', '.join(KINDS)}")
+            cls = task_class(kind, relative_to=folder)
         except ConfigError as exc:
             raise ConfigError(f"{source}, {where}: {exc}") from None
         try:

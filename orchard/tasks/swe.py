@@ -141,7 +141,7 @@ class SWETask(TaskBase):
     def sandbox_image(self, prepare: Prepare) -> str:
         from orchard.tasks.environments import task_image
 
-        return task_image(self, prepare.mirror(), log=prepare.log)
+        return task_image(self, prepare.mirror())
 
     def submission(self, box: Sandbox) -> str:
         return working_tree_patch(box, self.workdir)
@@ -157,6 +157,9 @@ class SWETask(TaskBase):
             return 0.0
         grade = self.grade(client, submission, image, timeout=PROGRESS_TEST_TIMEOUT)
         return len(grade.fail_to_pass["success"]) / max(1, len(self.fail_to_pass))
+
+    def gold(self) -> str:
+        return self.patch
 
     def script(self, name: str) -> list[Step]:
         if name == "gold":

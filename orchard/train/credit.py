@@ -104,7 +104,7 @@ def assess(
         query = select(StepRecord).where(StepRecord.trajectory_id == trajectory.id).order_by(col(StepRecord.index))
         steps = list(db.exec(query))
     known = estimator.values(trajectory, steps, task)
-    known.setdefault(0, 0.0)  # before any action, FAIL_TO_PASS fails by construction
+    known.setdefault(0, 0.0)  # before any action nothing is done (SWE: FAIL_TO_PASS fails by construction)
     if trajectory.resolved is not None:
         known[len(steps)] = 1.0 if trajectory.resolved else known.get(len(steps), 0.0)
     values = interpolate(known, len(steps) + 1)
@@ -148,10 +148,10 @@ class ReplayEstimator:
         return self._measured[key]
 
 
-JUDGE_PROMPT = """You judge a software engineering agent's progress on an issue. You see the issue, the
-agent's steps up to a point, and how the attempt ended. Estimate the probability that, from the
-state after the last step shown, the attempt goes on to resolve the issue. Answer with one number
-between 0 and 1 and nothing else."""
+JUDGE_PROMPT = """You judge an agent's progress on a task. You see the task, the agent's steps up to
+a point, and how the attempt ended. Estimate the probability that, from the state after the last
+step shown, the attempt goes on to solve the task. Answer with one number between 0 and 1 and
+nothing else."""
 _NUMBER = re.compile(r"(?<![\d.])(0(?:\.\d+)?|1(?:\.0+)?|\.\d+)(?![\d.])")
 
 
@@ -164,7 +164,7 @@ class JudgeEstimator:
     def values(self, trajectory: TrajectoryRecord, steps: list[StepRecord], task: TaskBase) -> dict[int, float]:
         from orchard.agents.bash import BashHarness
 
-        outcome = "resolved the issue" if trajectory.resolved else "did not resolve the issue"
+        outcome = "solved the task" if trajectory.resolved else "did not solve the task"
         known: dict[int, float] = {}
         keys = sorted({*range(self.every, len(steps) + 1, self.every), len(steps)} - {0})
         session_ = self.model.session(task, BashHarness())
@@ -177,7 +177,7 @@ class JudgeEstimator:
                 {"role": "system", "content": JUDGE_PROMPT},
                 {
                     "role": "user",
-                    "content": f"Issue:\n{task.problem_statement[:3000]}\n\nSteps:\n{shown}\n\n"
+                    "content": f"Task:\n{task.problem_statement[:3000]}\n\nSteps:\n{shown}\n\n"
                     f"In the end the attempt {outcome}. Probability after step {key - 1}?",
                 },
             ]

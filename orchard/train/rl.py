@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from orchard.env.client import Client
     from orchard.tasks.base import TaskBase
 
-RUBRIC = """Score this software engineering attempt from 0 to 1: did it investigate before editing,
-make a focused change, and check its work? Answer with one number."""
+RUBRIC = """Score this agent's attempt at its task from 0 to 1: did it investigate before acting,
+make focused changes, and check its work? Answer with one number."""
 _NUMBER = re.compile(r"(?<![\d.])(0(?:\.\d+)?|1(?:\.0+)?|\.\d+)(?![\d.])")
 
 
