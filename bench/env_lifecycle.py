@@ -57,6 +57,7 @@ from orchard.env import Client
 from orchard.env.backends.base import LABEL_PREFIX
 from orchard.env.client import Sandbox
 from orchard.process import process_owner
+from orchard.store import Store
 from orchard.store.runs import record_bench
 
 OWNER = process_owner()
@@ -269,7 +270,7 @@ def result_of(n: int, path: str, trials: list[Trial], wall_s: float, leaked: int
 def measure_orchard(n: int, image: str, workers: int, engine: docker.DockerClient) -> PathResult:
     with tempfile.TemporaryDirectory(prefix="orchard-bench-") as tmp:
         try:
-            with Client(db_url=f"sqlite:///{tmp}/bench.db") as client:
+            with Client(store=Store.open(f"sqlite:///{tmp}/bench.db")) as client:
                 client.create(image).delete()  # warm-up: connections, caches (not counted)
                 trials, wall_s, foreign = run_watched(n, workers, partial(orchard_trial, client, image))
         finally:

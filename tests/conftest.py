@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from orchard.store import Store
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -126,7 +128,7 @@ def client(docker_client, base_image, busybox_image, tmp_path_factory) -> Iterat
     from orchard.env import Client
 
     db = tmp_path_factory.mktemp("store") / "orchard.db"
-    with Client(db_url=f"sqlite:///{db}") as client:
+    with Client(store=Store.open(f"sqlite:///{db}")) as client:
         yield client
 
 
@@ -144,7 +146,7 @@ def running_service(db: Path, **options) -> Iterator[tuple[str, str]]:
     from orchard.env.service import UVICORN_OPTIONS, Service, create_app
 
     key = "test-key-" + os.urandom(4).hex()
-    manager = SandboxManager("docker", db_url=f"sqlite:///{db}")
+    manager = SandboxManager("docker", store=Store.open(f"sqlite:///{db}"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

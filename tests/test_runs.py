@@ -13,7 +13,7 @@ from sqlmodel import func, select
 from typer.testing import CliRunner
 
 from orchard.cli import app
-from orchard.store import MetricRecord, ResultRecord, session
+from orchard.store import MetricRecord, ResultRecord, Store, session
 from orchard.store.runs import add_result, finish_run, metrics_of, record_metrics, start_run
 
 runner = CliRunner()
@@ -21,7 +21,7 @@ runner = CliRunner()
 
 def _write_metrics(db_url: str, writer: int, count: int) -> int:
     for step in range(count):
-        record_metrics("shared", step, {f"loss/{writer}": step * 0.5, "skipped": "text"}, db_url=db_url)
+        record_metrics("shared", step, {f"loss/{writer}": step * 0.5, "skipped": "text"}, store=Store.open(db_url))
     return count
 
 
@@ -29,7 +29,7 @@ def test_concurrent_writers_lose_nothing(orchard_home, tmp_path):
     import time
 
     db_url = f"sqlite:///{tmp_path / 'store.db'}"
-    start_run("shared", "rl", "shared", {}, db_url=db_url)
+    start_run("shared", "rl", "shared", {}, store=Store.open(db_url))
     with ProcessPoolExecutor(max_workers=4) as pool:  # separate processes, each its own connections
         done = list(pool.map(_write_metrics, [db_url] * 4, range(4), [100] * 4))
 
@@ -40,7 +40,7 @@ def test_concurrent_writers_lose_nothing(orchard_home, tmp_path):
                     id=f"shared/t{writer}-{index}/bash/0", run_id="shared", instance_id=f"t{writer}-{index}",
                     harness="bash", sample=0, outcome="resolved", resolved=True, created_at=time.time(),
                 ),
-                db_url=db_url,
+                store=Store.open(db_url),
             )  # fmt: skip
 
     threads = [threading.Thread(target=results, args=(w,)) for w in range(4)]
@@ -48,10 +48,10 @@ def test_concurrent_writers_lose_nothing(orchard_home, tmp_path):
         thread.start()
     for thread in threads:
         thread.join()
-    with session(db_url) as db:
+    with session(Store.open(db_url)) as db:
         assert db.exec(select(func.count()).select_from(MetricRecord)).one() == sum(done) == 400
         assert db.exec(select(func.count()).select_from(ResultRecord)).one() == 200
-    series = metrics_of("shared", db_url=db_url)
+    series = metrics_of("shared", store=Store.open(db_url))
     assert sorted(series) == [f"loss/{w}" for w in range(4)] and series["loss/2"][-1] == (99, 49.5)
 
 

@@ -124,3 +124,15 @@ def test_postgresql_store_via_orchard_db_url(postgres_url, monkeypatch):
     with store.session() as db:
         assert [r.id for r in db.exec(select(store.SandboxRecord)).all()] == ["sb1"]
         assert db.exec(select(func.count()).select_from(store.ExecRecord)).one() == 450
+
+
+def test_a_store_keeps_its_run_folders_next_to_its_database(tmp_path, monkeypatch):
+    from orchard.store import Store
+
+    monkeypatch.setenv("ORCHARD_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("ORCHARD_DB_URL", raising=False)
+    assert Store.open().runs == tmp_path / "home" / "runs"
+    elsewhere = Store.open(f"sqlite:///{tmp_path}/elsewhere/o.db")
+    assert elsewhere.runs == tmp_path / "elsewhere" / "runs"
+    assert Store.open("postgresql://u@127.0.0.1:1/db").runs == tmp_path / "home" / "runs"
+    assert elsewhere.run_folder("eval-1").is_dir() and not (tmp_path / "home").exists()

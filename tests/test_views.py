@@ -17,6 +17,7 @@ from orchard.store import (
     RunRecord,
     SandboxRecord,
     StepRecord,
+    Store,
     TrajectoryRecord,
     session,
     views,
@@ -97,7 +98,7 @@ def _trajectory(trajectory_id: str, run_id: str, instance: str, credits: list[fl
 
 def test_show_run_prints_the_lines_of_runs_show(db_url):
     summary = {"harnesses": {"bash": {"attempts": 3, "resolved": 2, "resolve_rate": 2 / 3}}}
-    with session(db_url) as db:
+    with session(Store.open(db_url)) as db:
         db.add(
             _run("eval-a", "eval", {"k": 1}, ended_at=T0 + 75, summary=json.dumps(summary), error="one task timed out")
         )
@@ -106,7 +107,7 @@ def test_show_run_prints_the_lines_of_runs_show(db_url):
             db.add(MetricRecord(run_id="eval-a", step=step, name="loss", value=loss, recorded_at=T0))
         db.add(MetricRecord(run_id="eval-a", step=1, name="accuracy", value=0.5, recorded_at=T0))
         db.add(_run("rl-b", "rl", {}, status="running"))
-    assert views.show_run("eval-a", db_url=db_url) == "\n".join(
+    assert views.show_run("eval-a", store=Store.open(db_url)) == "\n".join(
         [
             "run      eval-a",
             "kind     eval",
@@ -123,50 +124,50 @@ def test_show_run_prints_the_lines_of_runs_show(db_url):
             "metric   loss: 2.12346 at step 2 (2 points)",
         ]
     )
-    assert views.show_run("rl-b", db_url=db_url).splitlines()[5:] == [
+    assert views.show_run("rl-b", store=Store.open(db_url)).splitlines()[5:] == [
         "started  2026-11-30 00:53:20",
         "ended    -",
         "config   {}",
     ]  # no error, no summary, no results, no metrics: no such lines
     with pytest.raises(NotFound, match=r"^no run 'nope' \(`orchard runs ls` lists them\)$"):
-        views.show_run("nope", db_url=db_url)
+        views.show_run("nope", store=Store.open(db_url))
 
 
 def test_a_run_view_holds_what_the_dashboard_shows(db_url):
     summary = {"harnesses": {"bash": {"attempts": 2, "resolved": 1, "resolve_rate": 0.5, "outcomes": {"resolved": 1}}}}
-    with session(db_url) as db:
+    with session(Store.open(db_url)) as db:
         db.add(_run("eval-a", "eval", {}, summary=json.dumps(summary)))
         db.add_all([_result("eval-a", "t1", True), _result("eval-a", "t2", False)])
         db.add_all(_trajectory("tb", "eval-a", "b-task", [0.0]) + _trajectory("ta", "eval-a", "a-task", []))
         db.add_all(_trajectory("other", "eval-z", "a-task", []))
-    view = views.run_view("eval-a", db_url=db_url)
+    view = views.run_view("eval-a", store=Store.open(db_url))
     assert view is not None and (view.graded, view.resolved, view.headline) == (2, 1, "resolved bash 50%")
     assert view.harnesses == [views.HarnessRow("bash", 2, 1, 0.5, {"resolved": 1})]
     assert [(t.id, t.instance_id, t.steps) for t in view.trajectories] == [("ta", "a-task", 0), ("tb", "b-task", 1)]
-    assert views.run_view("nope", db_url=db_url) is None
+    assert views.run_view("nope", store=Store.open(db_url)) is None
 
 
 def test_runs_are_listed_newest_first_with_their_progress(db_url):
-    with session(db_url) as db:
+    with session(Store.open(db_url)) as db:
         db.add(_run("eval-a", "eval", {}, started_at=T0))
         db.add(_result("eval-a", "t1", True))
         db.add(_run("sft-b", "sft", {}, started_at=T0 + 10, summary=json.dumps({"train_loss": 1.5})))
         for step in (1, 7, 3):
             db.add(MetricRecord(run_id="sft-b", step=step, name="loss", value=1.0, recorded_at=T0))
-    rows = views.runs(db_url=db_url)
+    rows = views.runs(store=Store.open(db_url))
     assert [(r.id, r.graded, r.last_step, r.headline) for r in rows] == [
         ("sft-b", 0, 7, "train_loss 1.5"),
         ("eval-a", 1, None, ""),
     ]
-    assert [r.id for r in views.runs(kind="eval", db_url=db_url)] == ["eval-a"]
-    assert views.runs(status="running", db_url=db_url) == []
+    assert [r.id for r in views.runs(kind="eval", store=Store.open(db_url))] == ["eval-a"]
+    assert views.runs(status="running", store=Store.open(db_url)) == []
 
 
 def test_rise_steps_follow_the_epsilon_the_credit_stage_was_configured_with(db_url):
     """A stage of a pipeline stores the whole recipe; a collect run names its pipeline, whose credit
     stage (`<pipeline>-credit`) assessed its trajectories; without either, the default holds."""
     credits = [0.03, 0.3, None, 0.6]
-    with session(db_url) as db:
+    with session(Store.open(db_url)) as db:
         db.add(_run("swe-collect", "collect", {"pipeline": "swe"}))
         db.add(_run("swe-credit", "credit", {"name": "swe", "credit": {"epsilon": 0.5}}))
         db.add(_run("swe-rl", "rl", {"name": "swe", "credit": {"epsilon": 0.25}}))
@@ -177,7 +178,7 @@ def test_rise_steps_follow_the_epsilon_the_credit_stage_was_configured_with(db_u
         db.add_all(_trajectory("t-nowhere", None, "task", credits))
 
     def rises(trajectory_id: str) -> tuple[float, list[bool]]:
-        view = views.trajectory_view(trajectory_id, default_epsilon=0.05, db_url=db_url)
+        view = views.trajectory_view(trajectory_id, default_epsilon=0.05, store=Store.open(db_url))
         assert view is not None
         return view.epsilon, [s.rise for s in view.steps]
 
@@ -185,28 +186,28 @@ def test_rise_steps_follow_the_epsilon_the_credit_stage_was_configured_with(db_u
     assert rises("t-swe-rl") == (0.25, [False, True, False, True])
     for default in ("t-lone-collect", "t-eval-a", "t-nowhere"):
         assert rises(default) == (0.05, [False, True, False, True])
-    assert views.trajectory_view("nope", default_epsilon=0.05, db_url=db_url) is None
+    assert views.trajectory_view("nope", default_epsilon=0.05, store=Store.open(db_url)) is None
 
 
 def test_a_trajectory_view_holds_its_steps_and_grade(db_url):
-    with session(db_url) as db:
+    with session(Store.open(db_url)) as db:
         db.add_all(_trajectory("t1", "eval-a", "task", [0.0, None]))
         result = _result("eval-a", "task", False)
         result.trajectory_id, result.grade = "t1", json.dumps({"tests": {"test_a": "FAILED"}})
         db.add(result)
         db.add_all(_trajectory("t2", "eval-a", "other", []))
-    view = views.trajectory_view("t1", default_epsilon=0.05, db_url=db_url)
+    view = views.trajectory_view("t1", default_epsilon=0.05, store=Store.open(db_url))
     assert view is not None and view.tests == {"test_a": "FAILED"} and view.steps_taken == 2
     assert [(s.index, s.actions[0]["arguments"]["command"], s.value, s.credit) for s in view.steps] == [
         (0, "step 0", 0.5, 0.0),
         (1, "step 1", None, None),
     ]
-    ungraded = views.trajectory_view("t2", default_epsilon=0.05, db_url=db_url)
+    ungraded = views.trajectory_view("t2", default_epsilon=0.05, store=Store.open(db_url))
     assert ungraded is not None and ungraded.tests is None and ungraded.steps == []
 
 
 def test_live_sandboxes_with_their_commands(db_url):
-    with session(db_url) as db:
+    with session(Store.open(db_url)) as db:
         for index, status in enumerate(["ready", "deleted", "pending"]):
             db.add(
                 SandboxRecord(
@@ -226,14 +227,14 @@ def test_live_sandboxes_with_their_commands(db_url):
                     id=f"j{index}", sandbox_id="box0", command=command, status="succeeded", created_at=T0 + index
                 )
             )
-    live = views.live_sandboxes(db_url=db_url)
+    live = views.live_sandboxes(store=Store.open(db_url))
     assert [(s.id, s.status, s.commands, s.last_command) for s in live] == [
         ("box2", "pending", 0, ""),
         ("box0", "ready", 3, "echo last"),
     ]
-    deleted = views.sandbox("box1", db_url=db_url)
+    deleted = views.sandbox("box1", store=Store.open(db_url))
     assert deleted is not None and (deleted.status, deleted.owner, deleted.backend) == ("deleted", "owner-1", "docker")
-    assert views.sandbox("nope", db_url=db_url) is None
+    assert views.sandbox("nope", store=Store.open(db_url)) is None
 
 
 def test_the_dashboard_imports_no_heavy_library():

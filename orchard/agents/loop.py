@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchard.agents.base import FormatError, Harness, Message, observation_text
 from orchard.errors import OrchardError
-from orchard.store import StepRecord, TrajectoryRecord, session
+from orchard.store import StepRecord, Store, TrajectoryRecord, session
 
 if TYPE_CHECKING:
     from orchard.agents.models import ModelSession
@@ -155,9 +155,9 @@ def _step(episode: Episode, index: int, harness: Harness, model: ModelSession, b
     return submitted
 
 
-def save_episode(episode: Episode, *, run_id: str | None, sample: int, db_url: str | None = None) -> None:
+def save_episode(episode: Episode, *, run_id: str | None, sample: int, store: Store | None = None) -> None:
     """The trajectory and its steps, in one transaction."""
-    with session(db_url) as db:
+    with session(store) as db:
         db.add(
             TrajectoryRecord(
                 id=episode.trajectory_id,
@@ -196,8 +196,8 @@ def save_episode(episode: Episode, *, run_id: str | None, sample: int, db_url: s
             )
 
 
-def record_verdict(trajectory_id: str, outcome: str, resolved: bool, *, db_url: str | None = None) -> None:
-    with session(db_url) as db:
+def record_verdict(trajectory_id: str, outcome: str, resolved: bool, *, store: Store | None = None) -> None:
+    with session(store) as db:
         record = db.get(TrajectoryRecord, trajectory_id)
         if record is not None:
             record.outcome, record.resolved = outcome, resolved

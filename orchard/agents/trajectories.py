@@ -19,12 +19,12 @@ from typing import Any
 from sqlmodel import col, select
 
 from orchard.errors import ConfigError
-from orchard.store import StepRecord, TrajectoryRecord, session
+from orchard.store import StepRecord, Store, TrajectoryRecord, session
 
 
-def export_lines(*, run_id: str | None = None, db_url: str | None = None) -> Iterator[str]:
+def export_lines(*, run_id: str | None = None, store: Store | None = None) -> Iterator[str]:
     """The trajectories of `run_id` (all when None), one JSON line each."""
-    with session(db_url) as db:
+    with session(store) as db:
         query = select(TrajectoryRecord).order_by(col(TrajectoryRecord.created_at))
         if run_id:
             query = query.where(TrajectoryRecord.run_id == run_id)
@@ -52,7 +52,7 @@ def export_lines(*, run_id: str | None = None, db_url: str | None = None) -> Ite
         )
 
 
-def export_file(path: Path, *, run_id: str | None = None, db_url: str | None = None) -> int:
+def export_file(path: Path, *, run_id: str | None = None, store: Store | None = None) -> int:
     """Write the trajectories of `run_id` (all when None) to `path` as JSONL; how many."""
     if not path.parent.is_dir():
         raise ConfigError(f"cannot write {path}: there is no folder {path.parent}")
@@ -62,13 +62,13 @@ def export_file(path: Path, *, run_id: str | None = None, db_url: str | None = N
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
     count = 0
     with out:
-        for line in export_lines(run_id=run_id, db_url=db_url):
+        for line in export_lines(run_id=run_id, store=store):
             out.write(line + "\n")
             count += 1
     return count
 
 
-def import_file(path: Path, *, run_id: str | None = None, db_url: str | None = None) -> tuple[int, int]:
+def import_file(path: Path, *, run_id: str | None = None, store: Store | None = None) -> tuple[int, int]:
     """Import a JSONL of trajectories; (imported, skipped as already present)."""
     if not path.is_file():
         raise ConfigError(f"no trajectory file {path}")
@@ -77,7 +77,7 @@ def import_file(path: Path, *, run_id: str | None = None, db_url: str | None = N
         if line.strip():
             records.append(_record(line, f"{path}:{number}", run_id))
     imported = skipped = 0
-    with session(db_url) as db:
+    with session(store) as db:
         for trajectory, steps in records:
             if db.get(TrajectoryRecord, trajectory.id) is not None:
                 skipped += 1

@@ -71,6 +71,7 @@ from orchard.env.pty import (
 )
 from orchard.env.transport import AsyncAgentChannel, AsyncHttpxChannel, HttpxChannel
 from orchard.errors import ConfigError, InvalidRequest, SandboxError
+from orchard.store import Store
 
 __all__ = [
     "AsyncClient",
@@ -373,10 +374,10 @@ class _Core(Generic[H]):
     of this host's service at that URL).
     """
 
-    def __init__(self, url: str | None, api_key: str | None, backend: str | BackendConfig, db_url: str | None):
+    def __init__(self, url: str | None, api_key: str | None, backend: str | BackendConfig, store: Store | None):
         self.url = url or settings().service_url
         self.api_key = api_key or settings().api_key or (local_service_key(self.url) if self.url else None)
-        self.manager = None if self.url else SandboxManager(backend, db_url=db_url).start()
+        self.manager = None if self.url else SandboxManager(backend, store=store).start()
         self.lock = threading.Lock()
         self.mine: dict[str, H] = {}
         """Sandboxes to delete when the client closes (not those created with `keep`)."""
@@ -494,9 +495,9 @@ class Client:
         api_key: str | None = None,
         *,
         backend: str | BackendConfig = "docker",
-        db_url: str | None = None,
+        store: Store | None = None,
     ):
-        self._core: _Core[Sandbox] = _Core(url, api_key, backend, db_url)
+        self._core: _Core[Sandbox] = _Core(url, api_key, backend, store)
         self.url = self._core.url
         self._manager = self._core.manager
         self._http: HttpxChannel | None = None
@@ -632,9 +633,9 @@ class AsyncClient:
         api_key: str | None = None,
         *,
         backend: str | BackendConfig = "docker",
-        db_url: str | None = None,
+        store: Store | None = None,
     ):
-        self._core: _Core[AsyncSandbox] = _Core(url, api_key, backend, db_url)
+        self._core: _Core[AsyncSandbox] = _Core(url, api_key, backend, store)
         self.url = self._core.url
         self._manager = self._core.manager
         self._http: AsyncHttpxChannel | None = None

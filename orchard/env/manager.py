@@ -27,8 +27,7 @@ from typing import Literal
 from pydantic import BaseModel
 from sqlmodel import col, select
 
-from orchard import store
-from orchard.config import settings
+from orchard import store as records
 from orchard.env.backends import AgentEndpoint, Backend, BackendConfig, SandboxSpec, backend_config
 from orchard.env.backends.base import check_sandbox_id
 from orchard.env.calls import Call
@@ -36,6 +35,7 @@ from orchard.env.pool import WarmPools
 from orchard.env.transport import AgentChannel, AsyncAgentChannel
 from orchard.errors import AgentError, Conflict, NotFound, SandboxError, SandboxNotReady
 from orchard.process import owner_alive, process_owner
+from orchard.store import Store
 
 Status = Literal["pending", "ready", "failed", "deleted"]
 LIVE = ("pending", "ready")
@@ -77,13 +77,13 @@ class SandboxManager:
         backend: Backend | BackendConfig | str = "docker",
         *,
         owner: str | None = None,
-        db_url: str | None = None,
+        store: Store | None = None,
         reap_interval: float | None = 60.0,
     ):
         self._backend_choice = backend_config(backend) if isinstance(backend, str) else backend
         self._backend: Backend | None = None
         self.owner = owner or process_owner()
-        self.db_url = db_url or settings().db_url
+        self.store = store or Store.open()
         self.reap_interval = reap_interval
         """Seconds between reaping rounds after the start (None: only at the start)."""
         self._sandboxes: dict[str, SandboxInfo] = {}
@@ -91,7 +91,7 @@ class SandboxManager:
         self._start_lock = threading.Lock()
         self._started = False
         self._closed = threading.Event()
-        self._recorder = _ExecRecorder(self.db_url)
+        self._recorder = _ExecRecorder(self.store)
         self.reaped_at_start: builtins.list[str] = []
         """Ids of the expired and orphaned sandboxes removed when this manager started."""
         self.pools = WarmPools(self)
@@ -113,7 +113,7 @@ class SandboxManager:
             if self._backend is None:
                 choice = self._backend_choice
                 self._backend = choice.build() if isinstance(choice, BaseModel) else choice
-            store.get_engine(self.db_url)
+            self.store.engine()
             self.reaped_at_start = self.reap()
             self.recovered_at_start = self.recover()
             self._recorder.start()
@@ -243,8 +243,8 @@ class SandboxManager:
 
     def recorded(self, sandbox_id: str) -> SandboxInfo | None:
         """The sandbox as the store last recorded it, live or not (None if never seen)."""
-        with store.session(self.db_url) as db:
-            record = db.get(store.SandboxRecord, check_sandbox_id(sandbox_id))
+        with records.session(self.store) as db:
+            record = db.get(records.SandboxRecord, check_sandbox_id(sandbox_id))
         if record is None:
             return None
         spec = SandboxSpec(
@@ -319,8 +319,8 @@ class SandboxManager:
         """
         closed = 0
         now = time.time()
-        with store.session(self.db_url) as db:
-            open_boxes = db.exec(select(store.SandboxRecord).where(col(store.SandboxRecord.status).in_(LIVE))).all()
+        with records.session(self.store) as db:
+            open_boxes = db.exec(select(records.SandboxRecord).where(col(records.SandboxRecord.status).in_(LIVE))).all()
             dead = {box.id for box in open_boxes if not owner_alive(box.owner)}
             for box in open_boxes:
                 if box.id in dead:
@@ -328,7 +328,7 @@ class SandboxManager:
                     box.status_message = f"its owner {box.owner} stopped without deleting it (reaped)"
                     db.add(box)
                     closed += 1
-            running = select(store.ExecRecord).where(col(store.ExecRecord.status).in_(("queued", "running")))
+            running = select(records.ExecRecord).where(col(records.ExecRecord.status).in_(("queued", "running")))
             for job in db.exec(running).all():
                 owner_gone = job.sandbox_id in dead or job.sandbox_id not in {b.id for b in open_boxes}
                 if owner_gone:
@@ -357,9 +357,9 @@ class SandboxManager:
 
     def record_started(self, job_id: str, sandbox_id: str, command: str, started_at: float) -> None:
         """Write a `running` row now (not batched): a crash before the command ends must not lose it."""
-        with store.session(self.db_url) as db:
+        with records.session(self.store) as db:
             db.merge(
-                store.ExecRecord(
+                records.ExecRecord(
                     id=job_id,
                     sandbox_id=sandbox_id,
                     command=command,
@@ -369,10 +369,10 @@ class SandboxManager:
                 )
             )
 
-    def recorded_job(self, job_id: str) -> store.ExecRecord | None:
+    def recorded_job(self, job_id: str) -> records.ExecRecord | None:
         """A job as the store has it (for jobs of an earlier run of the service)."""
-        with store.session(self.db_url) as db:
-            return db.get(store.ExecRecord, job_id)
+        with records.session(self.store) as db:
+            return db.get(records.ExecRecord, job_id)
 
     def _update(self, sandbox_id: str, **changes) -> SandboxInfo:
         with self._lock:
@@ -406,9 +406,9 @@ class SandboxManager:
         return info
 
     def _save(self, info: SandboxInfo, deleted_at: float | None = None) -> None:
-        with store.session(self.db_url) as db:
+        with records.session(self.store) as db:
             db.merge(
-                store.SandboxRecord(
+                records.SandboxRecord(
                     id=info.sandbox_id,
                     backend=self.backend.name,
                     image=info.spec.image,
@@ -427,15 +427,15 @@ class SandboxManager:
             )
 
     def _close_record(self, sandbox_id: str) -> None:
-        with store.session(self.db_url) as db:
-            record = db.get(store.SandboxRecord, sandbox_id)
+        with records.session(self.store) as db:
+            record = db.get(records.SandboxRecord, sandbox_id)
             if record is not None and record.owner == self.owner and record.status in LIVE:
                 record.status, record.deleted_at = "deleted", time.time()
                 db.add(record)
 
     def _mark_reaped(self, sandbox_id: str, reason: str) -> None:
-        with store.session(self.db_url) as db:
-            record = db.get(store.SandboxRecord, sandbox_id)
+        with records.session(self.store) as db:
+            record = db.get(records.SandboxRecord, sandbox_id)
             if record is not None:
                 record.status, record.status_message = "deleted", f"reaped: {reason}"
                 record.deleted_at = time.time()
@@ -467,8 +467,8 @@ HEALTH = Call("GET", "/health", lambda answer: answer)
 class _ExecRecorder:
     """Writes exec records in batches from one thread, so commands never wait on the store."""
 
-    def __init__(self, db_url: str | None):
-        self.db_url = db_url or settings().db_url
+    def __init__(self, store: Store | None):
+        self.store = store or Store.open()
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, daemon=True, name="orchard-exec-recorder")
 
@@ -498,7 +498,7 @@ class _ExecRecorder:
             rows = [item for item in batch if isinstance(item, tuple)]
             try:
                 if rows:
-                    with store.session(self.db_url) as db:
+                    with records.session(self.store) as db:
                         for row in rows:  # merge: a job may have been recorded as running already
                             db.merge(_exec_record(*row))
             except Exception:  # a store outage must not stop recording for good
@@ -532,8 +532,8 @@ BATCH_SECONDS = 0.2
 """How long the exec recorder gathers commands before one write."""
 
 
-def _exec_record(job_id: str, sandbox_id: str, command: str, result, started_at: float) -> store.ExecRecord:
-    return store.ExecRecord(
+def _exec_record(job_id: str, sandbox_id: str, command: str, result, started_at: float) -> records.ExecRecord:
+    return records.ExecRecord(
         id=job_id,
         sandbox_id=sandbox_id,
         command=command,

@@ -7,18 +7,19 @@ from typing import TYPE_CHECKING
 from orchard.agents.loop import Limits, save_episode
 from orchard.eval.attempt import play
 from orchard.eval.runner import Attempt, Solved
+from orchard.store import Store
 
 if TYPE_CHECKING:
     from orchard.agents.models import Model
     from orchard.env.client import Client
 
 
-def agent_solver(model: Model, limits: Limits | None = None, *, db_url: str | None = None):
+def agent_solver(model: Model, limits: Limits | None = None, *, store: Store | None = None):
     """A `Solver` that lets `model` work each attempt under the attempt's harness; episodes are stored."""
 
     def solve(attempt: Attempt, image: str, client: Client, run_id: str) -> Solved:
         episode = play(attempt.task, attempt.harness, model, client, image, limits=limits)
-        save_episode(episode, run_id=run_id, sample=attempt.sample, db_url=db_url)
+        save_episode(episode, run_id=run_id, sample=attempt.sample, store=store)
         return Solved(
             submission=episode.submission,
             trajectory_id=episode.trajectory_id,

@@ -17,7 +17,7 @@ from typing import Any
 from sqlmodel import col, select
 
 from orchard.errors import ConfigError
-from orchard.store import TrajectoryRecord, session
+from orchard.store import Store, TrajectoryRecord, session
 
 
 def trajectory_text(tokenizer: Any, record: TrajectoryRecord) -> str:
@@ -81,9 +81,9 @@ def rerank(candidates: dict[str, list[TrajectoryRecord]], model: ValueModel) -> 
     }
 
 
-def rerank_run(run_id: str, value_model: str | Path, *, db_url: str | None = None) -> dict[str, Any]:
+def rerank_run(run_id: str, value_model: str | Path, *, store: Store | None = None) -> dict[str, Any]:
     """Per harness of an evaluation run: `rerank` of each task's graded samples."""
-    with session(db_url) as db:
+    with session(store) as db:
         query = select(TrajectoryRecord).where(
             TrajectoryRecord.run_id == run_id, col(TrajectoryRecord.resolved).is_not(None)
         )

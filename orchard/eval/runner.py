@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchard.agents.loop import record_verdict
-from orchard.config import settings
 from orchard.errors import OrchardError
 from orchard.eval.metrics import mean_over_tasks, pass_at_k, pass_hat_k, swebench_report
 from orchard.eval.report import write_report
-from orchard.store import ResultRecord
+from orchard.store import ResultRecord, Store
 from orchard.store.runs import add_result, finish_run, record_metrics, results_of, start_run
 from orchard.tasks.base import Grade, Prepare
 
@@ -74,12 +73,6 @@ def run_id_for(kind: str, config: dict[str, Any]) -> str:
     return f"{kind}-{digest}"
 
 
-def run_folder(run_id: str) -> Path:
-    folder = settings().home / "runs" / run_id
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
 def evaluate(
     tasks: Sequence[TaskBase],
     harnesses: Sequence[str],
@@ -91,16 +84,16 @@ def evaluate(
     config: dict[str, Any],
     name: str,
     concurrency: int = 2,
-    db_url: str | None = None,
+    store: Store | None = None,
     on_progress: Callable[[int, int, ResultRecord | None], None] | None = None,
     report_ids: Sequence[str] | None = None,
     kind: str = "eval",
 ) -> EvalResult:
     """Solve and grade every attempt not yet recorded in this evaluation's run (`kind` eval or collect)."""
     run_id = run_id_for(kind, config)
-    run, _resumed = start_run(run_id, kind, name, config, db_url=db_url)
+    run, _resumed = start_run(run_id, kind, name, config, store=store)
     attempts = [Attempt(t, h, s) for t in tasks for h in harnesses for s in range(samples)]
-    done = {r.id for r in results_of(run_id, db_url=db_url)}
+    done = {r.id for r in results_of(run_id, store=store)}
     pending = [a for a in attempts if a.result_id(run_id) not in done]
     total, finished = len(attempts), len(attempts) - len(pending)
     if on_progress:
@@ -108,7 +101,7 @@ def evaluate(
     try:
         images = _images(pending, prepare, concurrency)
         with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="orchard-eval") as pool:
-            futures = [pool.submit(_attempt, run_id, a, images, solve, client, db_url) for a in pending]
+            futures = [pool.submit(_attempt, run_id, a, images, solve, client, store) for a in pending]
             try:
                 for future in as_completed(futures):
                     record = future.result()
@@ -122,13 +115,13 @@ def evaluate(
     except BaseException as exc:
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         partial = summarize(
-            results_of(run_id, db_url=db_url), report_ids or [t.instance_id for t in tasks], metric_of(tasks)
+            results_of(run_id, store=store), report_ids or [t.instance_id for t in tasks], metric_of(tasks)
         )
-        finish_run(run_id, status, partial, error=str(exc) or type(exc).__name__, db_url=db_url)
+        finish_run(run_id, status, partial, error=str(exc) or type(exc).__name__, store=store)
         raise
-    results = results_of(run_id, db_url=db_url)
+    results = results_of(run_id, store=store)
     summary = summarize(results, report_ids or [t.instance_id for t in tasks], metric_of(tasks))
-    folder = run_folder(run_id)
+    folder = (store or Store.open()).run_folder(run_id)
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (folder / "report.json").write_text(json.dumps(summary["report"], indent=2) + "\n")
     write_report(folder, summary, name)
@@ -136,8 +129,8 @@ def evaluate(
     rates |= {
         f"score/{h}": row["mean_score"] for h, row in summary["harnesses"].items() if summary["metric"] == "score"
     }
-    record_metrics(run_id, 0, rates, db_url=db_url)
-    finish_run(run_id, "finished", summary, db_url=db_url)
+    record_metrics(run_id, 0, rates, store=store)
+    finish_run(run_id, "finished", summary, store=store)
     return EvalResult(run.id, folder, summary, results)
 
 
@@ -165,7 +158,7 @@ def _attempt(
     images: dict[str, str | OrchardError],
     solve: Solver,
     client: Client,
-    db_url: str | None,
+    store: Store | None,
 ) -> ResultRecord:
     task = attempt.task
     image = images[task.instance_id]
@@ -185,7 +178,7 @@ def _attempt(
         else:
             grade = _graded(task, client, solved.submission, image)
     if solved.trajectory_id:
-        record_verdict(solved.trajectory_id, grade.outcome, grade.resolved, db_url=db_url)
+        record_verdict(solved.trajectory_id, grade.outcome, grade.resolved, store=store)
     details = grade.public()
     details["log"] = details["log"][-LOG_TAIL:]
     if solved.error:
@@ -205,7 +198,7 @@ def _attempt(
         tokens=solved.tokens,
         created_at=time.time(),
     )
-    add_result(record, db_url=db_url)
+    add_result(record, store=store)
     return record
 
 

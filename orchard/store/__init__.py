@@ -2,8 +2,12 @@
 
 SQLite in WAL mode at `$ORCHARD_HOME/orchard.db` by default (mode 0600, its -wal and -shm too);
 `ORCHARD_DB_URL` takes any SQLAlchemy URL (PostgreSQL when several hosts or replicas write).
-Every write is one short transaction (`with session(...)`), so a crash never leaves a
+Every write is one short transaction (`with session(store)`), so a crash never leaves a
 half-written row.
+
+A `Store` is the database and the folder of run files (reports, summaries) that goes with it: made
+once (`Store.open()`, from the settings) and handed to what records, which reaches the database
+through `session(store)`. `None` everywhere means the configured store.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import fcntl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +44,7 @@ __all__ = [
     "RunRecord",
     "SandboxRecord",
     "StepRecord",
+    "Store",
     "TrajectoryRecord",
     "get_engine",
     "session",
@@ -56,6 +62,33 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     return getattr(importlib.import_module("orchard.store.tables"), name)
+
+
+@dataclass(frozen=True)
+class Store:
+    """A store: its database's SQLAlchemy URL, and the folder where runs keep their files."""
+
+    url: str
+    runs: Path
+    """Run folders (`RUNS/RUN_ID/report.md`, ...): next to a SQLite file, else `$ORCHARD_HOME/runs`."""
+
+    @classmethod
+    def open(cls, url: str | None = None, *, runs: str | Path | None = None) -> Store:
+        """The store at `url` (default: `ORCHARD_DB_URL`, or the SQLite file in `ORCHARD_HOME`)."""
+        url = url or settings().db_url
+        if runs is None:
+            sqlite = url.startswith("sqlite:///") and url != "sqlite:///:memory:"
+            runs = Path(url.removeprefix("sqlite:///")).parent / "runs" if sqlite else settings().home / "runs"
+        return cls(url, Path(runs))
+
+    def engine(self) -> Engine:
+        return get_engine(self.url)
+
+    def run_folder(self, run_id: str) -> Path:
+        """The folder of run `run_id`'s files, made if missing."""
+        folder = self.runs / run_id
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
 
 def _tune_sqlite(dbapi_connection, _record) -> None:
@@ -144,10 +177,12 @@ def _private_store(path: Path) -> None:
 
 
 @contextmanager
-def session(url: str | None = None) -> Iterator[Session]:
-    """One transaction: committed when the block ends, rolled back if it raises."""
+def session(store: Store | str | None = None) -> Iterator[Session]:
+    """One transaction in `store` (a `Store`, a database URL, or None: the configured store):
+    committed when the block ends, rolled back if it raises."""
     from sqlmodel import Session
 
+    url = store.url if isinstance(store, Store) else store
     with Session(get_engine(url), expire_on_commit=False) as db:
         try:
             yield db

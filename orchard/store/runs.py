@@ -16,14 +16,14 @@ from typing import Any
 from sqlmodel import col, select
 
 from orchard.process import owner_alive, process_owner
-from orchard.store import MetricRecord, ResultRecord, RunRecord, session
+from orchard.store import MetricRecord, ResultRecord, RunRecord, Store, session
 
 
-def mark_interrupted(db_url: str | None = None) -> list[str]:
+def mark_interrupted(store: Store | None = None) -> list[str]:
     """Turn runs left `running` by dead processes on this host `interrupted`; their ids."""
     host = socket.gethostname()
     changed = []
-    with session(db_url) as db:
+    with session(store) as db:
         for run in db.exec(select(RunRecord).where(RunRecord.status == "running", RunRecord.host == host)):
             if not owner_alive(run.owner):
                 run.status, run.error = "interrupted", run.error or "its process ended without finishing the run"
@@ -34,12 +34,12 @@ def mark_interrupted(db_url: str | None = None) -> list[str]:
 
 
 def start_run(
-    run_id: str, kind: str, name: str, config: dict[str, Any], *, db_url: str | None = None
+    run_id: str, kind: str, name: str, config: dict[str, Any], *, store: Store | None = None
 ) -> tuple[RunRecord, bool]:
     """The run `run_id`, created or resumed by this process; True when it existed already."""
-    mark_interrupted(db_url)
+    mark_interrupted(store)
     now = time.time()
-    with session(db_url) as db:
+    with session(store) as db:
         run = db.get(RunRecord, run_id)
         existed = run is not None
         if run is None:
@@ -66,9 +66,9 @@ def start_run(
 
 
 def finish_run(
-    run_id: str, status: str, summary: dict[str, Any], *, error: str | None = None, db_url: str | None = None
+    run_id: str, status: str, summary: dict[str, Any], *, error: str | None = None, store: Store | None = None
 ) -> None:
-    with session(db_url) as db:
+    with session(store) as db:
         run = db.get(RunRecord, run_id)
         if run is None:
             return
@@ -76,24 +76,24 @@ def finish_run(
         db.add(run)
 
 
-def add_result(result: ResultRecord, *, db_url: str | None = None) -> None:
+def add_result(result: ResultRecord, *, store: Store | None = None) -> None:
     """Record one graded attempt (replacing an earlier record of the same attempt)."""
-    with session(db_url) as db:
+    with session(store) as db:
         db.merge(result)
 
 
-def results_of(run_id: str, *, db_url: str | None = None) -> list[ResultRecord]:
-    with session(db_url) as db:
+def results_of(run_id: str, *, store: Store | None = None) -> list[ResultRecord]:
+    with session(store) as db:
         query = select(ResultRecord).where(ResultRecord.run_id == run_id).order_by(col(ResultRecord.id))
         return list(db.exec(query))
 
 
-def get_run(run_id: str, *, db_url: str | None = None) -> RunRecord | None:
-    with session(db_url) as db:
+def get_run(run_id: str, *, store: Store | None = None) -> RunRecord | None:
+    with session(store) as db:
         return db.get(RunRecord, run_id)
 
 
-def record_metrics(run_id: str, step: int, values: dict[str, Any], *, db_url: str | None = None) -> int:
+def record_metrics(run_id: str, step: int, values: dict[str, Any], *, store: Store | None = None) -> int:
     """Store the numeric `values` of a run at `step` in one transaction; how many were stored."""
     import math
 
@@ -104,14 +104,14 @@ def record_metrics(run_id: str, step: int, values: dict[str, Any], *, db_url: st
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     ]
     if rows:
-        with session(db_url) as db:
+        with session(store) as db:
             db.add_all(rows)
     return len(rows)
 
 
-def metrics_of(run_id: str, *, db_url: str | None = None) -> dict[str, list[tuple[int, float]]]:
+def metrics_of(run_id: str, *, store: Store | None = None) -> dict[str, list[tuple[int, float]]]:
     """Every metric of a run: name -> [(step, value)] in step order."""
-    with session(db_url) as db:
+    with session(store) as db:
         query = (
             select(MetricRecord)
             .where(MetricRecord.run_id == run_id)
@@ -123,9 +123,9 @@ def metrics_of(run_id: str, *, db_url: str | None = None) -> dict[str, list[tupl
     return series
 
 
-def list_runs(*, kind: str | None = None, status: str | None = None, db_url: str | None = None) -> list[RunRecord]:
-    mark_interrupted(db_url)
-    with session(db_url) as db:
+def list_runs(*, kind: str | None = None, status: str | None = None, store: Store | None = None) -> list[RunRecord]:
+    mark_interrupted(store)
+    with session(store) as db:
         query = select(RunRecord).order_by(col(RunRecord.started_at).desc())
         if kind:
             query = query.where(RunRecord.kind == kind)
@@ -134,13 +134,13 @@ def list_runs(*, kind: str | None = None, status: str | None = None, db_url: str
         return list(db.exec(query))
 
 
-def delete_run(run_id: str, *, db_url: str | None = None) -> bool:
+def delete_run(run_id: str, *, store: Store | None = None) -> bool:
     """Delete a run with its results, metrics, trajectories and their steps; False if unknown."""
     from sqlmodel import delete
 
     from orchard.store import StepRecord, TrajectoryRecord
 
-    with session(db_url) as db:
+    with session(store) as db:
         run = db.get(RunRecord, run_id)
         if run is None:
             return False
@@ -168,9 +168,9 @@ def headline(run: RunRecord) -> str:
     return ""
 
 
-def record_bench(name: str, config: dict[str, Any], summary: dict[str, Any], *, db_url: str | None = None) -> str:
+def record_bench(name: str, config: dict[str, Any], summary: dict[str, Any], *, store: Store | None = None) -> str:
     """A benchmark's result as a finished run of kind `bench` (its figures in the summary)."""
     run_id = f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    start_run(run_id, "bench", name, config, db_url=db_url)
-    finish_run(run_id, "finished", summary, db_url=db_url)
+    start_run(run_id, "bench", name, config, store=store)
+    finish_run(run_id, "finished", summary, store=store)
     return run_id

@@ -24,6 +24,7 @@ from orchard.store import (
     RunRecord,
     SandboxRecord,
     StepRecord,
+    Store,
     TrajectoryRecord,
     session,
 )
@@ -154,10 +155,10 @@ class SandboxRow:
     last_command: str
 
 
-def runs(*, kind: str | None = None, status: str | None = None, db_url: str | None = None) -> list[RunRow]:
+def runs(*, kind: str | None = None, status: str | None = None, store: Store | None = None) -> list[RunRow]:
     """Runs, newest first (those whose process died are marked interrupted first)."""
-    found = list_runs(kind=kind, status=status, db_url=db_url)
-    with session(db_url) as db:
+    found = list_runs(kind=kind, status=status, store=store)
+    with session(store) as db:
         graded = dict(db.exec(select(ResultRecord.run_id, func.count()).group_by(ResultRecord.run_id)).all())
         last = select(MetricRecord.run_id, func.max(MetricRecord.step)).group_by(MetricRecord.run_id)
         steps = dict(db.exec(last).all())
@@ -167,9 +168,9 @@ def runs(*, kind: str | None = None, status: str | None = None, db_url: str | No
     ]
 
 
-def run_view(run_id: str, *, db_url: str | None = None) -> RunView | None:
+def run_view(run_id: str, *, store: Store | None = None) -> RunView | None:
     """The run `run_id`, or None if the store has none."""
-    with session(db_url) as db:
+    with session(store) as db:
         run = db.get(RunRecord, run_id)
         if run is None:
             return None
@@ -222,9 +223,9 @@ def run_view(run_id: str, *, db_url: str | None = None) -> RunView | None:
     )
 
 
-def show_run(run_id: str, *, db_url: str | None = None) -> str:
+def show_run(run_id: str, *, store: Store | None = None) -> str:
     """The text of `orchard runs show`: one `field    value` line each (NotFound for no such run)."""
-    view = run_view(run_id, db_url=db_url)
+    view = run_view(run_id, store=store)
     if view is None:
         raise NotFound(f"no run {run_id!r} (`orchard runs ls` lists them)")
     lines = [
@@ -253,13 +254,13 @@ def _moment(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
-def trajectory_view(trajectory_id: str, *, default_epsilon: float, db_url: str | None = None) -> TrajectoryView | None:
+def trajectory_view(trajectory_id: str, *, default_epsilon: float, store: Store | None = None) -> TrajectoryView | None:
     """The trajectory `trajectory_id`, or None if the store has none.
 
     Its rise steps are those with credit >= the epsilon its credit assignment was configured
     with (see `_rise_epsilon`), or `default_epsilon` when no stored configuration names one.
     """
-    with session(db_url) as db:
+    with session(store) as db:
         t = db.get(TrajectoryRecord, trajectory_id)
         if t is None:
             return None
@@ -312,18 +313,18 @@ def _rise_epsilon(db: Session, run_id: str | None) -> float | None:
     return float(epsilon) if isinstance(epsilon, int | float) and not isinstance(epsilon, bool) else None
 
 
-def live_sandboxes(*, db_url: str | None = None) -> list[SandboxRow]:
+def live_sandboxes(*, store: Store | None = None) -> list[SandboxRow]:
     """Sandboxes the store records as pending or ready, oldest first."""
-    with session(db_url) as db:
+    with session(store) as db:
         live = db.exec(
             select(SandboxRecord).where(col(SandboxRecord.status).in_(LIVE)).order_by(col(SandboxRecord.created_at))
         )
         return _sandbox_rows(db, list(live))
 
 
-def sandbox(sandbox_id: str, *, db_url: str | None = None) -> SandboxRow | None:
+def sandbox(sandbox_id: str, *, store: Store | None = None) -> SandboxRow | None:
     """The sandbox `sandbox_id` as the store last recorded it, live or not; None if never seen."""
-    with session(db_url) as db:
+    with session(store) as db:
         record = db.get(SandboxRecord, sandbox_id)
         return _sandbox_rows(db, [record])[0] if record is not None else None
 

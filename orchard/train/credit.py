@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlmodel import col, select
 
-from orchard.store import StepRecord, TrajectoryRecord, session
+from orchard.store import StepRecord, Store, TrajectoryRecord, session
 
 if TYPE_CHECKING:
     from orchard.agents.models import Model
@@ -97,10 +97,10 @@ def assess(
     estimator: Estimator,
     *,
     epsilon: float = EPSILON,
-    db_url: str | None = None,
+    store: Store | None = None,
 ) -> Assessed:
     """Estimate, interpolate, and store each step's value (of the state after it) and credit."""
-    with session(db_url) as db:
+    with session(store) as db:
         query = select(StepRecord).where(StepRecord.trajectory_id == trajectory.id).order_by(col(StepRecord.index))
         steps = list(db.exec(query))
     known = estimator.values(trajectory, steps, task)
@@ -110,7 +110,7 @@ def assess(
     values = interpolate(known, len(steps) + 1)
     step_credits = credits(values)
     result = Assessed(values, step_credits, rise_segments(step_credits, epsilon))
-    with session(db_url) as db:
+    with session(store) as db:
         for step, value, credit in zip(steps, values[1:], step_credits, strict=True):
             record = db.get(StepRecord, step.id)
             if record is not None:

@@ -37,6 +37,7 @@ from orchard.agents.loop import Limits, record_verdict, save_episode
 from orchard.agents.models import ModelError, TransformersModel
 from orchard.errors import ConfigError, OrchardError
 from orchard.eval.attempt import attempt
+from orchard.store import Store
 from orchard.train import lora_config, quiet, save_trained, shared_args
 from orchard.train.bar import Rollout, balanced_rollout
 from orchard.train.config import RLConfig
@@ -83,11 +84,11 @@ class SandboxRollouts:
         judge: Model | None = None,
         on_step: Callable[[int, dict[str, float]], object] | None = None,
         run_id: str | None = None,
-        db_url: str | None = None,
+        store: Store | None = None,
     ):
         self.client, self.images, self.settings, self.judge = client, images, settings, judge
         self.on_step = on_step
-        self.run_id, self.db_url = run_id, db_url
+        self.run_id, self.store = run_id, store
         """With a run id, every rollout is stored as a graded trajectory of that run (for the value model)."""
         self._samples: Iterator[int] = itertools.count()
         self._numbered = False
@@ -188,8 +189,8 @@ class SandboxRollouts:
         episode, grade = attempt(task, harness, policy, self.client, self.images[task.instance_id], limits=limits)
         resolved = grade.resolved
         if self.run_id is not None and episode.status != "aborted":  # a failure of ours says nothing of the policy
-            save_episode(episode, run_id=self.run_id, sample=next(self._samples), db_url=self.db_url)
-            record_verdict(episode.trajectory_id, grade.outcome, resolved, db_url=self.db_url)
+            save_episode(episode, run_id=self.run_id, sample=next(self._samples), store=self.store)
+            record_verdict(episode.trajectory_id, grade.outcome, resolved, store=self.store)
         low, high = self.settings.failure_reward, self.settings.success_reward
         reward = low + (high - low) * grade.score  # SWE: +1 resolved, -1 not; partial credit in between
         if self.judge is not None and self.settings.judge_weight:
@@ -299,7 +300,7 @@ def train_rl(
     callbacks: list | None = None,
     on_step: Callable[[int, dict[str, float]], object] | None = None,
     run_id: str | None = None,
-    db_url: str | None = None,
+    store: Store | None = None,
 ) -> dict[str, Any]:
     """GRPO with BAR-assembled groups for `config.max_steps` steps, TRL's arguments taken from `config`;
     the policy goes to `output_dir`.
@@ -318,7 +319,7 @@ def train_rl(
             "trl vllm-serve --model STUDENT before training"
         )
     group = config.bar.group_size
-    rollouts = SandboxRollouts(tasks, images, client, config, judge, on_step, run_id, db_url)
+    rollouts = SandboxRollouts(tasks, images, client, config, judge, on_step, run_id, store)
     dataset = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": SandboxRollouts.prompt_key(t)}]} for t in tasks]
     )

@@ -22,7 +22,7 @@ from typing import Any
 from sqlmodel import col, select
 
 from orchard.errors import ConfigError
-from orchard.store import StepRecord, TrajectoryRecord, session
+from orchard.store import StepRecord, Store, TrajectoryRecord, session
 from orchard.train import lora_config, quiet, save_trained, shared_args
 from orchard.train.config import SFTConfig
 from orchard.train.credit import EPSILON
@@ -123,13 +123,13 @@ def sft_examples(
     epsilon: float = EPSILON,
     max_length: int | None = 4096,
     filters: SFTFilters | None = None,
-    db_url: str | None = None,
+    store: Store | None = None,
 ) -> list[SFTExample]:
     """Training examples from stored trajectories (of `runs`, or all): resolved whole, unresolved by
     their rise segments (credit assignment must have run on them; without credits they are skipped).
     `filters` leave out trajectories, never delete them: collection keeps everything."""
     filters = filters or SFTFilters()
-    with session(db_url) as db:
+    with session(store) as db:
         query = select(TrajectoryRecord).order_by(col(TrajectoryRecord.created_at))
         if runs:
             query = query.where(col(TrajectoryRecord.run_id).in_(list(runs)))

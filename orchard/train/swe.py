@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchard.configfile import load_config_file
+from orchard.store import Store
 from orchard.train.config import SWEConfig
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def load_config(path: str | Path) -> SWEConfig:
     return load_config_file(path, SWEConfig)
 
 
-def run_swe(config: SWEConfig, *, log: Log = print, db_url: str | None = None) -> dict[str, Any]:
+def run_swe(config: SWEConfig, *, log: Log = print, store: Store | None = None) -> dict[str, Any]:
     """Run (or continue) every stage; the summary of each. Under a multi-process launch, see `orchard.train.launch`."""
     from orchard.env import Client
     from orchard.tasks import load_tasks
@@ -57,29 +58,29 @@ def run_swe(config: SWEConfig, *, log: Log = print, db_url: str | None = None) -
 
     images, student = launch.once(setup)
     summary: dict[str, Any] = {"student": student}
-    stage = functools.partial(_stage, config, launch, db_url, log)
-    with Client(db_url=db_url) as client:
-        collect_runs = launch.once(lambda: _collect(config, tasks, prepare, client, log, db_url))
+    stage = functools.partial(_stage, config, launch, store, log)
+    with Client(store=store) as client:
+        collect_runs = launch.once(lambda: _collect(config, tasks, prepare, client, log, store))
         summary["collect"] = collect_runs
         summary["credit"] = stage(
-            "credit", lambda _run: _credit(config, tasks, images, client, collect_runs, db_url), everywhere=False
+            "credit", lambda _run: _credit(config, tasks, images, client, collect_runs, store), everywhere=False
         )
-        summary["sft"] = stage("sft", lambda run: _sft(config, student, work, collect_runs, run, db_url))
+        summary["sft"] = stage("sft", lambda run: _sft(config, student, work, collect_runs, run, store))
         policy = summary["sft"]["output_dir"]
         if config.rl.enabled:
-            summary["rl"] = stage("rl", lambda run: _rl(config, policy, tasks, images, client, work, run, db_url))
+            summary["rl"] = stage("rl", lambda run: _rl(config, policy, tasks, images, client, work, run, store))
             policy = summary["rl"]["output_dir"]
         graded = collect_runs + ([f"{config.name}-rl"] if config.rl.enabled else [])
-        summary["value"] = stage("value", lambda run: _value(config, student, work, graded, run, db_url))
+        summary["value"] = stage("value", lambda run: _value(config, student, work, graded, run, store))
         if config.eval.enabled and launch.is_main:  # the last stage: the other processes are done
             value_dir = summary["value"]["output_dir"]
             summary["eval"] = _stage(
                 config,
                 Launch(processes=1),
-                db_url,
+                store,
                 log,
                 "eval",
-                lambda _run: _eval(config, tasks, prepare, client, student, policy, value_dir, log, db_url),
+                lambda _run: _eval(config, tasks, prepare, client, student, policy, value_dir, log, store),
             )
     launch.close()
     summary["policy"] = policy
@@ -110,7 +111,7 @@ def _student(config: SWEConfig, work: Path, log: Log) -> str:
 def _stage(
     config: SWEConfig,
     launch: Launch,
-    db_url: str | None,
+    store: Store | None,
     log: Log,
     stage: str,
     body: Callable[[str], dict[str, Any]],
@@ -124,13 +125,13 @@ def _stage(
     run_id = f"{config.name}-{stage}"
 
     def begin() -> dict[str, Any] | None:
-        previous = get_run(run_id, db_url=db_url)
+        previous = get_run(run_id, store=store)
         if previous is not None and previous.status == "finished":
             log(f"[{stage}] done before (run {run_id}); skipping")
             return json.loads(previous.summary)
         if previous is not None:  # an attempt that did not finish: its metrics and rollouts go with it
-            delete_run(run_id, db_url=db_url)
-        start_run(run_id, stage, f"{config.name} {stage}", config.model_dump(), db_url=db_url)
+            delete_run(run_id, store=store)
+        start_run(run_id, stage, f"{config.name} {stage}", config.model_dump(), store=store)
         log(f"[{stage}] running (run {run_id})")
         return None
 
@@ -141,10 +142,10 @@ def _stage(
             if launch.is_main:
                 stopped = isinstance(exc, KeyboardInterrupt | SystemExit)  # Ctrl-C; SIGTERM (a launcher, kill)
                 error = "stopped by a signal" if stopped else str(exc) or type(exc).__name__
-                finish_run(run_id, "interrupted" if stopped else "failed", {}, error=error, db_url=db_url)
+                finish_run(run_id, "interrupted" if stopped else "failed", {}, error=error, store=store)
             raise
         if launch.is_main:
-            finish_run(run_id, "finished", result, db_url=db_url)
+            finish_run(run_id, "finished", result, store=store)
             scalars = ", ".join(f"{k}={_short(v)}" for k, v in result.items() if not isinstance(v, list | dict))
             log(f"[{stage}] {scalars or 'done'}")
         return result
@@ -161,7 +162,7 @@ def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _collect(config: SWEConfig, tasks, prepare, client, log: Log, db_url: str | None) -> list[str]:
+def _collect(config: SWEConfig, tasks, prepare, client, log: Log, store: Store | None) -> list[str]:
     from orchard.agents.loop import Limits
     from orchard.agents.models import model_from_spec
     from orchard.eval.agent import agent_solver
@@ -181,13 +182,13 @@ def _collect(config: SWEConfig, tasks, prepare, client, log: Log, db_url: str | 
             tasks,
             config.collect.harnesses,
             config.collect.samples,
-            agent_solver(model, Limits(max_steps=config.collect.episode_steps), db_url=db_url),
+            agent_solver(model, Limits(max_steps=config.collect.episode_steps), store=store),
             client=client,
             prepare=prepare,
             config=run_config,
             name=f"{config.name} collect {teacher}",
             concurrency=config.concurrency,
-            db_url=db_url,
+            store=store,
             kind="collect",
         )
         rates = {h: f"{r['resolve_rate']:.0%}" for h, r in result.summary["harnesses"].items()}
@@ -196,14 +197,14 @@ def _collect(config: SWEConfig, tasks, prepare, client, log: Log, db_url: str | 
     return runs
 
 
-def _credit(config: SWEConfig, tasks, images, client, runs: list[str], db_url: str | None) -> dict[str, Any]:
+def _credit(config: SWEConfig, tasks, images, client, runs: list[str], store: Store | None) -> dict[str, Any]:
     from sqlmodel import col, select
 
     from orchard.store import TrajectoryRecord, session
     from orchard.train.credit import JudgeEstimator, ReplayEstimator, assess
 
     by_id = {t.instance_id: t for t in tasks}
-    with session(db_url) as db:
+    with session(store) as db:
         query = select(TrajectoryRecord).where(
             col(TrajectoryRecord.run_id).in_(runs), col(TrajectoryRecord.resolved).is_(False)
         )
@@ -220,7 +221,7 @@ def _credit(config: SWEConfig, tasks, images, client, runs: list[str], db_url: s
         if task is None:
             continue
         estimator = judge or ReplayEstimator(client, images[task.instance_id])
-        assessed = assess(trajectory, task, estimator, epsilon=config.credit.epsilon, db_url=db_url)
+        assessed = assess(trajectory, task, estimator, epsilon=config.credit.epsilon, store=store)
         segments += len(assessed.segments)
         steps += sum(b - a for a, b in assessed.segments)
     return {
@@ -232,7 +233,7 @@ def _credit(config: SWEConfig, tasks, images, client, runs: list[str], db_url: s
 
 
 def _sft(
-    config: SWEConfig, student: str, work: Path, runs: list[str], run_id: str, db_url: str | None
+    config: SWEConfig, student: str, work: Path, runs: list[str], run_id: str, store: Store | None
 ) -> dict[str, Any]:
     from collections import Counter
 
@@ -253,9 +254,9 @@ def _sft(
         epsilon=config.credit.epsilon,
         max_length=config.sft.max_length,
         filters=filters,
-        db_url=db_url,
+        store=store,
     )
-    result = train_sft(student, examples, work / "sft", config.sft, callbacks=[StoreMetrics(run_id, db_url=db_url)])
+    result = train_sft(student, examples, work / "sft", config.sft, callbacks=[StoreMetrics(run_id, store=store)])
     result["by_harness"] = dict(Counter(e.harness for e in examples))
     result["resolved_examples"] = sum(e.resolved for e in examples)
     result["partial_examples"] = sum(not e.resolved for e in examples)
@@ -263,7 +264,7 @@ def _sft(
 
 
 def _rl(
-    config: SWEConfig, policy: str, tasks, images, client, work: Path, run_id: str, db_url: str | None
+    config: SWEConfig, policy: str, tasks, images, client, work: Path, run_id: str, store: Store | None
 ) -> dict[str, Any]:
     from orchard.agents.models import model_from_spec
     from orchard.store.runs import record_metrics
@@ -281,10 +282,10 @@ def _rl(
         str(work / "rl"),
         rl,
         judge=judge,
-        callbacks=[StoreMetrics(run_id, db_url=db_url)],
-        on_step=lambda step, values: record_metrics(run_id, step, values, db_url=db_url),
+        callbacks=[StoreMetrics(run_id, store=store)],
+        on_step=lambda step, values: record_metrics(run_id, step, values, store=store),
         run_id=run_id,
-        db_url=db_url,
+        store=store,
     )
     history = result["bar"]
     if history:
@@ -295,19 +296,19 @@ def _rl(
 
 
 def _value(
-    config: SWEConfig, student: str, work: Path, runs: list[str], run_id: str, db_url: str | None
+    config: SWEConfig, student: str, work: Path, runs: list[str], run_id: str, store: Store | None
 ) -> dict[str, Any]:
     from orchard.train.tracking import StoreMetrics
     from orchard.train.value import graded_trajectories, train_value
 
-    trajectories = graded_trajectories(runs, db_url=db_url)
+    trajectories = graded_trajectories(runs, store=store)
     return train_value(
-        student, trajectories, work / "value", config.value, callbacks=[StoreMetrics(run_id, db_url=db_url)]
+        student, trajectories, work / "value", config.value, callbacks=[StoreMetrics(run_id, store=store)]
     )
 
 
 def _eval(
-    config: SWEConfig, tasks, prepare, client, student: str, policy: str, value_dir: str, log: Log, db_url: str | None
+    config: SWEConfig, tasks, prepare, client, student: str, policy: str, value_dir: str, log: Log, store: Store | None
 ) -> dict[str, Any]:
     """The student before training and the policy after, under every eval harness (one may have been
     held out of training): the model x harness matrix; the policy's samples reranked."""
@@ -326,7 +327,7 @@ def _eval(
             tasks,
             config.eval.harnesses,
             config.eval.samples,
-            agent_solver(model, Limits(max_steps=config.eval.episode_steps), db_url=db_url),
+            agent_solver(model, Limits(max_steps=config.eval.episode_steps), store=store),
             client=client,
             prepare=prepare,
             config={
@@ -337,14 +338,14 @@ def _eval(
             },
             name=f"{config.name} eval {label}",
             concurrency=config.concurrency,
-            db_url=db_url,
+            store=store,
         )
         runs[label] = result.run_id
         matrix[label] = {h: r["resolve_rate"] for h, r in result.summary["harnesses"].items()}
     for label, rates in matrix.items():
         cells = ", ".join(f"{h}{'' if h in trained else ' (held out)'} {rate:.0%}" for h, rate in rates.items())
         log(f"[eval] {label}: {cells}")
-    reranked = rerank_run(runs["after"], value_dir, db_url=db_url)
+    reranked = rerank_run(runs["after"], value_dir, store=store)
     return {
         "runs": runs,
         "matrix": matrix,

@@ -6,6 +6,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from orchard.store import Store
 from orchard.store.runs import record_metrics
 
 
@@ -14,9 +15,9 @@ class StoreMetrics(TrainerCallback):
 
     Trainers log figures already reduced over processes; only the first process records them."""
 
-    def __init__(self, run_id: str, *, db_url: str | None = None):
-        self.run_id, self.db_url = run_id, db_url
+    def __init__(self, run_id: str, *, store: Store | None = None):
+        self.run_id, self.store = run_id, store
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if logs and state.is_world_process_zero:
-            record_metrics(self.run_id, int(state.global_step), logs, db_url=self.db_url)
+            record_metrics(self.run_id, int(state.global_step), logs, store=self.store)

@@ -19,13 +19,13 @@ from sqlmodel import col, select
 
 from orchard.errors import ConfigError
 from orchard.eval.rerank import encode, trajectory_text
-from orchard.store import TrajectoryRecord, session
+from orchard.store import Store, TrajectoryRecord, session
 from orchard.train import quiet, save_trained, shared_args
 from orchard.train.config import ValueConfig
 
 
-def graded_trajectories(runs: Sequence[str] | None = None, *, db_url: str | None = None) -> list[TrajectoryRecord]:
-    with session(db_url) as db:
+def graded_trajectories(runs: Sequence[str] | None = None, *, store: Store | None = None) -> list[TrajectoryRecord]:
+    with session(store) as db:
         query = select(TrajectoryRecord).where(col(TrajectoryRecord.resolved).is_not(None))
         if runs:
             query = query.where(col(TrajectoryRecord.run_id).in_(list(runs)))

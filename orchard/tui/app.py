@@ -25,7 +25,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static
 
 from orchard.errors import NotFound, OrchardError
-from orchard.store import views
+from orchard.store import Store, views
 from orchard.train.credit import EPSILON
 
 KINDS = [None, "eval", "collect", "credit", "sft", "rl", "value"]
@@ -75,7 +75,7 @@ class RunsScreen(Screen):
         table = self.query_one(DataTable)
         selected = table.cursor_row
         table.clear()
-        for run in views.runs(kind=kind, status=status, db_url=self.app.db_url):  # type: ignore[attr-defined]
+        for run in views.runs(kind=kind, status=status, store=self.app.store):  # type: ignore[attr-defined]
             progress = f"{run.graded} graded" if run.graded else f"step {run.last_step}" if run.last_step else ""
             table.add_row(run.id, run.kind, run.status, _when(run.started_at), progress, run.headline, key=run.id)
         if table.row_count:
@@ -122,7 +122,7 @@ class RunScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        run = views.run_view(self.run_id, db_url=self.app.db_url)  # type: ignore[attr-defined]
+        run = views.run_view(self.run_id, store=self.app.store)  # type: ignore[attr-defined]
         if run is None:
             self.query_one("#about", Static).update(f"no run {self.run_id}")
             return
@@ -183,7 +183,7 @@ class TrajectoryScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        t = views.trajectory_view(self.trajectory_id, default_epsilon=EPSILON, db_url=self.app.db_url)  # type: ignore[attr-defined]
+        t = views.trajectory_view(self.trajectory_id, default_epsilon=EPSILON, store=self.app.store)  # type: ignore[attr-defined]
         if t is None:
             self.query_one("#about", Static).update(f"no trajectory {self.trajectory_id}")
             return
@@ -249,7 +249,7 @@ class SandboxesScreen(Screen):
         self.set_interval(self.app.refresh_seconds, self.reload)  # type: ignore[attr-defined]
 
     def reload(self) -> None:
-        live = views.live_sandboxes(db_url=self.app.db_url)  # type: ignore[attr-defined]
+        live = views.live_sandboxes(store=self.app.store)  # type: ignore[attr-defined]
         now = self.app.now()  # type: ignore[attr-defined]
         table = self.query_one(DataTable)
         table.clear()
@@ -281,14 +281,14 @@ class OrchardApp(App):
 
     def __init__(
         self,
-        db_url: str | None = None,
+        store: Store | None = None,
         *,
         refresh_seconds: float = 2.0,
         now: Callable[[], float] = time.time,
         delete_sandbox: Callable[[str], None] | None = None,
     ):
         super().__init__()
-        self.db_url, self.refresh_seconds, self.now = db_url, refresh_seconds, now
+        self.store, self.refresh_seconds, self.now = store, refresh_seconds, now
         self._delete = delete_sandbox
 
     def on_mount(self) -> None:
@@ -299,10 +299,10 @@ class OrchardApp(App):
         if self._delete is not None:
             self._delete(sandbox_id)
         else:
-            delete_sandbox(sandbox_id, self.db_url)
+            delete_sandbox(sandbox_id, self.store)
 
 
-def delete_sandbox(sandbox_id: str, db_url: str | None) -> None:
+def delete_sandbox(sandbox_id: str, store: Store | None) -> None:
     """Delete a sandbox as its owner would, so that the owner's records stay true.
 
     The running service's own sandboxes go through the service (it drops its connections to
@@ -319,8 +319,8 @@ def delete_sandbox(sandbox_id: str, db_url: str | None) -> None:
             if any(row["sandbox_id"] == sandbox_id for row in client.list()):
                 client.attach(sandbox_id).delete()
                 return
-    found = views.sandbox(sandbox_id, db_url=db_url)
+    found = views.sandbox(sandbox_id, store=store)
     if found is None:
         raise NotFound(f"no sandbox {sandbox_id!r} in the store")
-    with SandboxManager(found.backend, owner=found.owner, db_url=db_url, reap_interval=None) as manager:
+    with SandboxManager(found.backend, owner=found.owner, store=store, reap_interval=None) as manager:
         manager.delete(sandbox_id)

@@ -13,6 +13,7 @@ import pytest
 from orchard.env import Client
 from orchard.env.backends import DockerConfig
 from orchard.errors import ConfigError
+from orchard.store import Store
 
 pytestmark = pytest.mark.docker
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.docker
 @pytest.fixture(scope="module")
 def gvisor(runsc, base_image, tmp_path_factory):
     db = tmp_path_factory.mktemp("gvisor-store") / "orchard.db"
-    with Client(backend=DockerConfig(runtime="runsc"), db_url=f"sqlite:///{db}") as client:
+    with Client(backend=DockerConfig(runtime="runsc"), store=Store.open(f"sqlite:///{db}")) as client:
         yield client
 
 

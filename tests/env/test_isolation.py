@@ -29,6 +29,7 @@ import pytest
 
 from orchard.env.backends.docker import LOOPBACK_HOSTS
 from orchard.errors import NotFound, SandboxError
+from orchard.store import Store
 
 pytestmark = pytest.mark.docker
 
@@ -85,7 +86,7 @@ def test_the_run_folder_holds_under_gvisor_too(runsc, base_image, tmp_path):
     from orchard.env import Client
     from orchard.env.backends import DockerConfig
 
-    with Client(backend=DockerConfig(runtime="runsc"), db_url=f"sqlite:///{tmp_path}/g.db") as gvisor:
+    with Client(backend=DockerConfig(runtime="runsc"), store=Store.open(f"sqlite:///{tmp_path}/g.db")) as gvisor:
         _attack_run_folder(gvisor, base_image)
 
 
@@ -93,7 +94,8 @@ OPERATOR_SCRIPT = """
 import json, os, sys
 from orchard.env import Client
 from orchard.errors import SandboxError
-with Client(db_url="sqlite:///" + os.environ["ORCHARD_HOME"] + "/o.db") as client:
+from orchard.store import Store
+with Client(store=Store.open("sqlite:///" + os.environ["ORCHARD_HOME"] + "/o.db")) as client:
     box = client.create(sys.argv[1])
     run_dir = client._manager.backend._run_dir(box.id)
     leave = box.exec("mkdir /.orchard-run/keep && cp /bin/bash /.orchard-run/keep/bash && chmod u+s /.orchard-run/keep/bash")
@@ -399,7 +401,7 @@ def victim(docker_client, busybox_image) -> Iterator[str]:
 def test_delete_leaves_a_container_that_merely_has_the_name(victim, docker_client, tmp_path):
     from orchard.env.manager import SandboxManager
 
-    with SandboxManager("docker", db_url=f"sqlite:///{tmp_path}/o.db", reap_interval=None) as manager:
+    with SandboxManager("docker", store=Store.open(f"sqlite:///{tmp_path}/o.db"), reap_interval=None) as manager:
         with pytest.raises(NotFound, match="orchard-victim is not Orchard's; left alone"):
             manager.delete("victim")
         assert manager.backend.state("victim").exists is False

@@ -9,6 +9,7 @@ from sqlmodel import func, select
 
 from orchard import store
 from orchard.env import Client
+from orchard.store import Store
 
 pytestmark = pytest.mark.docker
 
@@ -22,7 +23,7 @@ def test_hundred_sandboxes_twenty_commands_each_all_recorded(base_image, tmp_pat
         with client.create(base_image, run_id="load") as box:
             return [box.exec(f"echo {n}-{i}").stdout for i in range(COMMANDS)]
 
-    with Client(db_url=db) as client, ThreadPoolExecutor(max_workers=25) as pool:
+    with Client(store=Store.open(db)) as client, ThreadPoolExecutor(max_workers=25) as pool:
         outputs = list(pool.map(lambda n: one_sandbox(client, n), range(SANDBOXES)))
         client._manager.flush()
     assert outputs == [[f"{n}-{i}\n" for i in range(COMMANDS)] for n in range(SANDBOXES)]

@@ -15,6 +15,7 @@ import pytest
 
 from orchard import store
 from orchard.errors import Conflict, InvalidRequest, NotFound, SandboxError
+from orchard.store import Store
 
 pytestmark = pytest.mark.docker
 
@@ -190,7 +191,7 @@ def test_sandbox_ids_cannot_be_paths_or_taken_twice(client, base_image, tmp_path
         from orchard.env.backends import SandboxSpec
         from orchard.env.manager import SandboxManager
 
-        other = SandboxManager("docker", db_url=f"sqlite:///{tmp_path}/o.db", reap_interval=None)
+        other = SandboxManager("docker", store=Store.open(f"sqlite:///{tmp_path}/o.db"), reap_interval=None)
         with other, pytest.raises(Conflict):  # another manager: the name is taken on this host
             other.create(SandboxSpec(image=base_image), sandbox_id="taken-once")
         assert box.exec("echo still here").stdout == "still here\n"
@@ -213,7 +214,7 @@ def test_store_records_sandboxes_and_commands(client, base_image):
         box.exec("echo recorded")
         sandbox_id = box.id
     client._manager.flush()
-    with store.session(client._manager.db_url) as db:
+    with store.session(client._manager.store) as db:
         record = db.get(store.SandboxRecord, sandbox_id)
         jobs = db.exec(select(store.ExecRecord).where(store.ExecRecord.sandbox_id == sandbox_id)).all()
     assert record is not None and record.status == "deleted" and record.deleted_at
@@ -223,7 +224,8 @@ def test_store_records_sandboxes_and_commands(client, base_image):
 CHILD = """
 import sys, time
 from orchard.env import Client
-client = Client(db_url=sys.argv[1])
+from orchard.store import Store
+client = Client(store=Store.open(sys.argv[1]))
 box = client.create(sys.argv[2])
 print(box.id, flush=True)
 if sys.argv[3] == "wait":
@@ -250,7 +252,7 @@ def test_sandboxes_do_not_outlive_their_process(ending, base_image, docker_clien
         child.send_signal({"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}[ending])
     child.wait(timeout=60)
     if ending == "sigkill":  # nothing in the child ran: the next manager (here or elsewhere) reaps it
-        SandboxManager("docker", db_url=db, reap_interval=None).start().close()
+        SandboxManager("docker", store=Store.open(db), reap_interval=None).start().close()
     assert not docker_client.api.containers(all=True, filters={"name": name})
 
 
@@ -263,7 +265,7 @@ def test_a_manager_does_nothing_until_it_is_started(base_image, tmp_path):
     from orchard.errors import EngineUnavailable
 
     nowhere = SandboxManager(
-        DockerConfig(base_url="unix:///nonexistent/docker.sock"), db_url=f"sqlite:///{tmp_path}/n.db"
+        DockerConfig(base_url="unix:///nonexistent/docker.sock"), store=Store.open(f"sqlite:///{tmp_path}/n.db")
     )
     assert not (tmp_path / "n.db").exists()
     with pytest.raises(SandboxError, match="not started"):
@@ -286,7 +288,7 @@ def test_a_manager_does_nothing_until_it_is_started(base_image, tmp_path):
                 ttl=60.0,
             )
         )
-    manager = SandboxManager("docker", db_url=db, reap_interval=None)
+    manager = SandboxManager("docker", store=Store.open(db), reap_interval=None)
     assert manager.recorded("crashed").status == "ready" and manager.recovered_at_start == 0
     with manager:
         assert manager.recorded("crashed").status == "deleted" and manager.recovered_at_start == 1
@@ -299,7 +301,7 @@ def test_reaper_removes_expired_sandboxes(base_image, docker_client, tmp_path):
     from orchard.env.backends import SandboxSpec
     from orchard.env.manager import SandboxManager
 
-    with SandboxManager("docker", db_url=f"sqlite:///{tmp_path}/o.db", reap_interval=None) as manager:
+    with SandboxManager("docker", store=Store.open(f"sqlite:///{tmp_path}/o.db"), reap_interval=None) as manager:
         info = manager.create(SandboxSpec(image=base_image, ttl=60))
         assert manager.reap() == []
         assert manager.reap(now=time.time() + 120) == [info.sandbox_id]
@@ -313,7 +315,9 @@ def test_published_loopback_port_route(base_image, tmp_path):
     from orchard.env.manager import SandboxManager, agent_http
     from orchard.errors import ConfigError
 
-    with SandboxManager(DockerConfig(route="port"), db_url=f"sqlite:///{tmp_path}/o.db", reap_interval=None) as m:
+    with SandboxManager(
+        DockerConfig(route="port"), store=Store.open(f"sqlite:///{tmp_path}/o.db"), reap_interval=None
+    ) as m:
         info = m.create(SandboxSpec(image=base_image, network="open"))
         assert info.endpoint.uds is None and info.endpoint.url.startswith("http://127.0.0.1:")
         with agent_http(info.endpoint) as http:
@@ -348,7 +352,7 @@ def test_pids_limit_stops_a_fork_storm(base_image, tmp_path):
     from orchard.env.calls import AgentCalls, send
     from orchard.env.manager import SandboxManager, agent_http
 
-    with SandboxManager("docker", db_url=f"sqlite:///{tmp_path}/o.db", reap_interval=None) as manager:
+    with SandboxManager("docker", store=Store.open(f"sqlite:///{tmp_path}/o.db"), reap_interval=None) as manager:
         info = manager.create(SandboxSpec(image=base_image, pids=40))
         with agent_http(info.endpoint) as http:
             storm = send(http, AgentCalls().exec("for i in $(seq 100); do sleep 30 & done; wait", timeout=10))
@@ -364,7 +368,7 @@ async def test_async_sdk_embedded_records_and_cleans_up(base_image, tmp_path, do
     from orchard.env import AsyncClient
 
     db = f"sqlite:///{tmp_path}/o.db"
-    async with AsyncClient(db_url=db) as client:
+    async with AsyncClient(store=Store.open(db)) as client:
         boxes = await asyncio.gather(*(client.create(base_image) for _ in range(3)))
         outputs = await asyncio.gather(*(box.exec(f"echo {i}") for i, box in enumerate(boxes)))
         assert [o.stdout for o in outputs] == ["0\n", "1\n", "2\n"]
@@ -383,7 +387,7 @@ async def test_async_sdk_embedded_has_what_the_sync_one_has(base_image, tmp_path
     from orchard.env import AsyncClient
     from orchard.errors import ConfigError
 
-    async with AsyncClient(db_url=f"sqlite:///{tmp_path}/o.db") as client:
+    async with AsyncClient(store=Store.open(f"sqlite:///{tmp_path}/o.db")) as client:
         with pytest.raises(ConfigError, match="keep=True needs"):
             await client.create(base_image, keep=True)
         manager = client._manager
@@ -445,7 +449,7 @@ def _wait_for_pool(manager, ready: int) -> None:
 def test_warm_pool_hands_over_ready_sandboxes_and_refills(base_image, tmp_path, docker_client):
     from orchard.env import Client
 
-    with Client(db_url=f"sqlite:///{tmp_path}/o.db") as client:
+    with Client(store=Store.open(f"sqlite:///{tmp_path}/o.db")) as client:
         manager = client._manager
         client.warm(base_image, 2)
         _wait_for_pool(manager, 2)

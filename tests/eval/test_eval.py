@@ -12,7 +12,7 @@ from sqlmodel import select
 from typer.testing import CliRunner
 
 from orchard.cli import app
-from orchard.store import ResultRecord, RunRecord, TrajectoryRecord, session
+from orchard.store import ResultRecord, RunRecord, Store, TrajectoryRecord, session
 from orchard.tasks import load_tasks
 
 pytestmark = pytest.mark.docker
@@ -101,8 +101,8 @@ def test_trajectories_round_trip_through_jsonl(orchard_home, base_image, mirror,
     from orchard.agents.trajectories import import_file
 
     other = f"sqlite:///{tmp_path / 'other.db'}"
-    assert import_file(out, db_url=other) == (1, 0)
-    assert import_file(out, db_url=other) == (0, 1)  # already there: skipped, not doubled
+    assert import_file(out, store=Store.open(other)) == (1, 0)
+    assert import_file(out, store=Store.open(other)) == (0, 1)  # already there: skipped, not doubled
     with session(other) as db:
         (copy,) = db.exec(select(TrajectoryRecord)).all()
         assert copy.resolved is True and copy.steps == 5 and json.loads(copy.messages) == line["messages"]

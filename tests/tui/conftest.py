@@ -13,6 +13,7 @@ from orchard.store import (
     RunRecord,
     SandboxRecord,
     StepRecord,
+    Store,
     TrajectoryRecord,
     session,
 )
@@ -42,7 +43,7 @@ def filled_store(tmp_path) -> str:
         }
     }
     messages = json.dumps([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
-    with session(db_url) as db:
+    with session(Store.open(db_url)) as db:
         db.add(
             RunRecord(
                 id="eval-1",

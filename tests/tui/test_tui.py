@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import DataTable, Static
 
+from orchard.store import Store
 from orchard.tui.app import OrchardApp, RunScreen, SandboxesScreen, TrajectoryScreen
 
 NOW = 1_796_000_000.0  # the fixture store's clock (tests/tui/conftest.py)
@@ -14,7 +15,10 @@ def app_for(db_url: str, deleted: list[str] | None = None) -> OrchardApp:
     """The app on a fixed clock; deletions are recorded instead of reaching an engine (the real
     deletion is tested in test_deleting_a_real_sandbox)."""
     return OrchardApp(
-        db_url, refresh_seconds=3600, now=lambda: NOW, delete_sandbox=(deleted.append if deleted is not None else None)
+        Store.open(db_url),
+        refresh_seconds=3600,
+        now=lambda: NOW,
+        delete_sandbox=(deleted.append if deleted is not None else None),
     )
 
 
@@ -115,9 +119,9 @@ async def test_deleting_a_real_sandbox(docker_client, busybox_image, tmp_path):
     from orchard.store import SandboxRecord, session
 
     db_url = f"sqlite:///{tmp_path / 'live.db'}"
-    with Client(db_url=db_url) as client:
+    with Client(store=Store.open(db_url)) as client:
         box = client.create(busybox_image)
-        app = OrchardApp(db_url, refresh_seconds=3600)
+        app = OrchardApp(Store.open(db_url), refresh_seconds=3600)
         async with app.run_test(size=(80, 24)) as pilot:
             await pilot.press("s")
             assert app.screen.query_one(DataTable).get_row_at(0)[0] == box.id
@@ -125,7 +129,7 @@ async def test_deleting_a_real_sandbox(docker_client, busybox_image, tmp_path):
             await pilot.pause()
             assert app.screen.query_one(DataTable).row_count == 0
         assert docker_client.api.containers(all=True, filters={"name": f"orchard-{box.id}"}) == []
-        with session(db_url) as db:
+        with session(Store.open(db_url)) as db:
             assert db.get(SandboxRecord, box.id).status == "deleted"
 
 
@@ -141,7 +145,7 @@ async def test_deleting_a_service_sandbox_goes_through_the_service(start_service
         monkeypatch.setenv("ORCHARD_API_KEY", key)
         with Client(url=url) as client:
             box = client.create(busybox_image)
-            app = OrchardApp(f"sqlite:///{db}", refresh_seconds=3600)
+            app = OrchardApp(Store.open(f"sqlite:///{db}"), refresh_seconds=3600)
             async with app.run_test(size=(80, 24)) as pilot:
                 await pilot.press("s")
                 assert app.screen.query_one(DataTable).get_row_at(0)[0] == box.id
