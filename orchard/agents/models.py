@@ -325,12 +325,19 @@ MODELS: dict[str, str] = {
 }
 """Model adapters by the prefix of a spec (`PREFIX:ARGUMENT`): `name -> "module:Class"`; each class
 makes a model from the argument with `from_spec`. `noop` stands for `scripted:noop`."""
-SPECS = "scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME (with --base-url) or hf:PATH"
+SPECS = "scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME (with --base-url), hf:PATH or module:Class[:ARGUMENT]"
 
 
 def model_from_spec(spec: str, *, base_url: str | None = None, api_key: str | None = None) -> Model:
-    """The model a spec names: `PREFIX:ARGUMENT` with a prefix of `MODELS`, or `noop`."""
+    """The model a spec names: `PREFIX:ARGUMENT` with a prefix of `MODELS`, `noop`, or your own
+    adapter as `module:Class[:ARGUMENT]` (a class with the same `from_spec`)."""
     prefix, _, rest = ("scripted:noop" if spec == "noop" else spec).partition(":")
-    if prefix not in MODELS or not rest:
+    if prefix in MODELS and rest:
+        return load(MODELS, prefix, "model").from_spec(rest, base_url=base_url, api_key=api_key)
+    attribute, _, argument = rest.partition(":")
+    if not prefix.replace(".", "_").isidentifier() or not attribute.isidentifier():
         raise ConfigError(f"unknown model {spec!r}: use {SPECS}")
-    return load(MODELS, prefix, "model").from_spec(rest, base_url=base_url, api_key=api_key)
+    adapter = load({}, f"{prefix}:{attribute}", "model")
+    if not callable(getattr(adapter, "from_spec", None)):
+        raise ConfigError(f"model {spec!r}: {prefix}:{attribute} has no from_spec(argument, base_url=, api_key=)")
+    return adapter.from_spec(argument, base_url=base_url, api_key=api_key)

@@ -21,7 +21,7 @@ app = group("Evaluation and collection.")
 
 TASKS_HELP = "Task set: JSON, JSONL, a dataset folder or a hub id."
 HARNESS_HELP = f"Harnesses, comma-separated: {names(HARNESSES, files=True)}."
-MODEL_HELP = "Models, comma-separated: scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME, hf:PATH."
+MODEL_HELP = "Models, comma-separated: scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME, hf:PATH or module:Class[:ARG]."
 CONFIG_HELP = "Read the settings from this YAML file instead of flags (keys: orchard/eval/config.py)."
 
 FLAG_OF = {"models": "--model", "harnesses": "--harness"}

@@ -63,7 +63,8 @@ class EvalConfig(_Attempts):
     """`orchard eval`: models under harnesses, or predictions graded; stored and reported."""
 
     models: ModelSpecs | None = Field(
-        default=None, description="model specs: scripted:gold, scripted:FILE, noop, openai:NAME, hf:PATH"
+        default=None,
+        description="model specs: scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME, hf:PATH or module:Class[:ARG]",
     )
     predictions: Predictions | None = Field(
         default=None,

@@ -1,4 +1,5 @@
-"""Training: the SWE recipe's stages (collection is `orchard.eval`), each on TRL or transformers."""
+"""Training: the recipe's stages for tasks of any kind (collection is `orchard.eval`), each on TRL or
+transformers, each taking its config from `orchard.train.config`."""
 
 from __future__ import annotations
 

@@ -117,3 +117,11 @@ def test_model_specs_and_a_dead_server():
     dead = OpenAIModel("m", base_url=f"http://127.0.0.1:{port}/v1", timeout=5)
     with pytest.raises(ModelError, match="the model server failed: APIConnectionError"):
         dead.complete([{"role": "user", "content": "hi"}], None)
+
+
+def test_a_model_adapter_of_your_own_by_its_import_path():
+    assert model_from_spec("orchard.agents.models:ScriptedModel:gold").name == "scripted:gold"
+    with pytest.raises(ConfigError, match=r"model 'os:getcwd': os:getcwd has no from_spec"):
+        model_from_spec("os:getcwd")
+    with pytest.raises(ConfigError, match="unknown model 'gpt:4'"):
+        model_from_spec("gpt:4")
