@@ -4,7 +4,7 @@ A task kind is a task class: a pydantic model whose fields are what a task file 
 methods say how the task's sandbox is prepared, what the agent may see, what an attempt produced
 and how it is graded. Eval, collection, credit assignment, SFT, RL and the value model only ever
 call these, so a new kind is one file (a subclass of `TaskBase`) plus a line in
-`orchard.tasks.KINDS`; a task file picks its kind with a `kind` field (`swe` when absent).
+`orchard.tasks.kinds.KINDS`; a task file picks its kind with a `kind` field (`swe` when absent).
 
     class Task(Protocol):
         instance_id, kind, workdir, problem_statement       # fields every kind has
@@ -47,7 +47,8 @@ SANDBOX_LIMITS: dict[str, Any] = {"memory": "4Gi"}
 
 @dataclass
 class Step:
-    """A harness-neutral action, a step of a task's scripted solution (`script`), which any harness writes in its own format (`Harness.encode`): run a shell command, write a file, submit."""
+    """One step of a task's scripted solution (`script`): run a shell command, write a file, or
+    submit. Harness-neutral: any harness writes it in its own format (`Harness.encode`)."""
 
     kind: Literal["bash", "write", "submit"]
     command: str = ""
