@@ -335,9 +335,19 @@ def model_from_spec(spec: str, *, base_url: str | None = None, api_key: str | No
     if prefix in MODELS and rest:
         return load(MODELS, prefix, "model").from_spec(rest, base_url=base_url, api_key=api_key)
     attribute, _, argument = rest.partition(":")
-    if not prefix.replace(".", "_").isidentifier() or not attribute.isidentifier():
+    if not (prefix.replace(".", "_").isidentifier() and attribute.isidentifier() and _importable(prefix)):
         raise ConfigError(f"unknown model {spec!r}: use {SPECS}")
     adapter = load({}, f"{prefix}:{attribute}", "model")
     if not callable(getattr(adapter, "from_spec", None)):
         raise ConfigError(f"model {spec!r}: {prefix}:{attribute} has no from_spec(argument, base_url=, api_key=)")
     return adapter.from_spec(argument, base_url=base_url, api_key=api_key)
+
+
+def _importable(module: str) -> bool:
+    """Whether `module` can be imported (a spec's prefix that is neither a model adapter nor a module is a typo)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False

@@ -125,3 +125,5 @@ def test_a_model_adapter_of_your_own_by_its_import_path():
         model_from_spec("os:getcwd")
     with pytest.raises(ConfigError, match="unknown model 'gpt:4'"):
         model_from_spec("gpt:4")
+    with pytest.raises(ConfigError, match="unknown model 'oracle:gold'"):
+        model_from_spec("oracle:gold")
