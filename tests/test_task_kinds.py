@@ -196,3 +196,12 @@ def test_the_training_recipe_runs_a_new_kind_unchanged(orchard_home, base_image,
     assert rl["steps"] == 1 and rl["rollouts_per_group"] == 4
     value = json.loads(runs["value"].summary)
     assert value["trajectories"] == 8 + 4 and value["resolved"] >= 4
+
+
+def test_a_bad_prediction_is_named_by_its_line_as_in_a_task_file(tmp_path):
+    from orchard.eval.predictions import load_predictions
+
+    predictions = tmp_path / "preds.jsonl"
+    predictions.write_text('{"instance_id": "checksum-pair", "model_patch": "{}"}\n\n{"model_patch": ""}\n')
+    with pytest.raises(ConfigError, match=r"preds.jsonl, line 3: needs a string instance_id"):
+        load_predictions(str(predictions), load_tasks(KIND_TASKS))
