@@ -21,9 +21,6 @@ from orchard.tasks import Prepare, load_tasks
 if TYPE_CHECKING:
     from orchard.env.client import Client
     from orchard.eval.config import CollectRunConfig, EvalConfig
-    from orchard.store import ResultRecord
-
-Progress = Callable[[int, int, "ResultRecord | None"], None]
 
 
 @dataclass
