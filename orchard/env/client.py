@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import builtins
+import contextlib
 import io
 import signal
 import sys
@@ -409,11 +410,29 @@ class _Core(Generic[H]):
         return created
 
     def adopt(self, box: H, keep: bool) -> H:
-        """Track a new sandbox, to delete it with the client unless it is kept."""
-        if not keep:
-            with self.lock:
+        """Track a new sandbox, to delete it with the client unless it is kept. One whose create
+        was still under way when the client closed (a worker abandoned at Ctrl-C) is missed by
+        the close: it is deleted here, and SandboxError raised."""
+        if keep:
+            return box
+        with self.lock:
+            closed = self.closed
+            if not closed:
                 self.mine[box.id] = box
+        if closed:
+            self.discard(box.id)
+            raise SandboxError(f"this client closed while sandbox {box.id} was being made; it is deleted")
         return box
+
+    def discard(self, sandbox_id: str) -> None:
+        """Delete a sandbox after the client closed, as well as can be (its channels are closed;
+        what this misses, the manager's orphan reaping or the sandbox's TTL ends)."""
+        with contextlib.suppress(Exception):
+            if self.manager is not None:
+                self.manager.delete(sandbox_id)
+            else:
+                with httpx.Client(base_url=self.url or "", headers=self.headers, timeout=30.0) as http:
+                    send(HttpxChannel(http), ServiceSandboxes.delete(sandbox_id))
 
     def warm(self, spec: SandboxSpec, size: int) -> Plan[None]:
         manager = self.manager

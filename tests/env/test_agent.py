@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.client
 import importlib.util
 import io
@@ -110,9 +111,9 @@ def ws(agent: Agent) -> Path:
     return Path(tempfile.mkdtemp(dir=agent.workdir))
 
 
-def run(client: httpx.Client, command: str | list[str], **fields: object) -> dict:
-    """POST /exec; returns the facts with the raw stdout and stderr bytes added."""
-    response = client.post("/exec", json={"command": command, **fields})
+def run(client: httpx.Client, command: str | list[str], route: str = "/exec", **fields: object) -> dict:
+    """POST /exec (or /shell); returns the facts with the raw stdout and stderr bytes added."""
+    response = client.post(route, json={"command": command, **fields})
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "application/vnd.orchard.exec"
     facts, stdout, stderr = split_exec_answer(response.content)
@@ -341,6 +342,88 @@ def test_large_stdin_ignored_by_the_command_does_not_hang(client: httpx.Client) 
     assert run(client, "wc -c", stdin=stdin, timeout=10)["stdout"].strip() == b"4194304"
 
 
+def heredoc(size: int) -> tuple[str, bytes]:
+    """A command of about ``size`` bytes writing text through a heredoc, and the sha256 line it prints."""
+    line = 'it\'s $HOME "quoted" `tick` \\ x ' * 3 + "\n"
+    text = line * (size // len(line))
+    command = f"cat > big.txt <<'ORCHARD_EOF'\n{text}ORCHARD_EOF\nsha256sum big.txt\n"
+    return command, f"{hashlib.sha256(text.encode()).hexdigest()}  big.txt\n".encode()
+
+
+def files_in(folder: Path) -> list[Path]:
+    return [path for path in folder.rglob("*") if not path.is_dir()]
+
+
+@pytest.mark.parametrize(("size", "login"), [(140_000, False), (2 * 2**20, True)])
+def test_commands_past_the_argv_limit_run(client: httpx.Client, agent: Agent, ws: Path, size: int, login: bool) -> None:
+    """Linux refuses one argv string over 128 KiB and all of argv over about 2 MiB. The script is
+    in no file (nothing in the command's reach could remove or replace it), and the shell closed
+    what it read it from before running it."""
+    command, sha = heredoc(size)
+    command += 'echo "files: $(find "$TMPDIR" -name "*command*" 2>/dev/null | wc -l)"; '
+    command += 'ls -l /proc/$$/fd | grep -c memfd; echo "$GREETING $(pwd)"; tr a-z A-Z'
+    stdin = base64.b64encode(b"from stdin").decode()
+    answer = run(client, command, cwd=str(ws), env={"GREETING": "hi", "HOME": str(ws)}, stdin=stdin, login_shell=login)
+    assert (answer["exit_code"], answer["error"]) == (0, None), answer["stderr"]
+    assert answer["stdout"] == sha + f"files: 0\n0\nhi {ws}\nFROM STDIN".encode()
+    assert files_in(agent.tmpdir) == []
+
+
+def test_a_long_command_that_times_out_is_killed_whole(client: httpx.Client, agent: Agent) -> None:
+    command = f"#{'x' * 200_000}\n(trap '' TERM; echo grandchild $BASHPID; exec sleep 30) & wait"
+    answer = run(client, command, timeout=0.5)
+    assert (answer["exit_code"], answer["timed_out"]) == (124, True)
+    assert wait_dead(int(answer["stdout"].split()[1]))
+    assert files_in(agent.tmpdir) == []
+
+
+OWN_FILE = 'f=$(ls "$TMPDIR"/orchard-agent-*/command-*); stat -c "%a $(stat -c %a "${f%/*}")" "$f"'
+"""Shell: the session command's own file, its mode and its folder's, as `600 700`."""
+
+
+def test_a_long_command_in_a_session_keeps_its_state(client: httpx.Client, agent: Agent, ws: Path) -> None:
+    command, sha = heredoc(2 * 2**20)
+    command = f"cd {ws}; {command}LONG=kept; {OWN_FILE}"
+    answer = run(client, command, "/shell", session="long", timeout=30)
+    assert (answer["exit_code"], answer["error"], answer["stdout"]) == (0, None, sha + b"600 700\n")
+    assert run(client, "echo $LONG; pwd", "/shell", session="long")["stdout"] == f"kept\n{ws}\n".encode()
+    assert files_in(agent.tmpdir) == []
+
+
+def test_a_session_script_folder_that_is_no_longer_private_is_replaced(client: httpx.Client, agent: Agent) -> None:
+    """The agent checks its folder before each use: one that is no longer 0700 (or not its own, or
+    a link) is left alone, and a new one made."""
+    long = f"#{'x' * 8000}\n"
+    first = run(client, f'{long}f=$(ls "$TMPDIR"/orchard-agent-*/command-*); echo "${{f%/*}}"', "/shell")
+    folder = Path(first["stdout"].decode().strip())
+    folder.chmod(0o755)
+    try:
+        second = run(client, f'{long}ls -d "$TMPDIR"/orchard-agent-*/command-*; {OWN_FILE}', "/shell")
+        path, modes = second["stdout"].decode().splitlines()
+        assert Path(path).parent != folder and modes == "600 700"
+    finally:
+        folder.rmdir()
+
+
+def test_a_session_command_that_puts_a_folder_in_place_of_its_file_is_answered(client: httpx.Client) -> None:
+    """The file is removed afterwards whatever the command did to it: a folder there is no 500."""
+    command = f'#{"x" * 8000}\nf=$(ls "$TMPDIR"/orchard-agent-*/command-*); rm -- "$f" && mkdir -- "$f" && echo made'
+    answer = run(client, command, "/shell", session="folder")
+    assert (answer["exit_code"], answer["stdout"]) == (0, b"made\n")
+    assert run(client, "echo next", "/shell", session="folder")["stdout"] == b"next\n"
+
+
+def test_a_command_over_the_cap_is_413_naming_the_limit(client: httpx.Client) -> None:
+    command = "#" * (16 * 2**20 + 1)
+    for route, body in (("/exec", {"command": command}), ("/shell", {"command": command, "session": "cap"})):
+        response = client.post(route, json=body)
+        assert response.status_code == 413
+        assert response.json()["error"] == (
+            "command is 16777217 bytes, over the limit of 16777216 (16 MiB); write it to a file and run that"
+        )
+    assert run(client, "echo still here")["stdout"] == b"still here\n"  # the connection is kept
+
+
 def test_concurrent_execs(agent: Agent) -> None:
     results: dict[int, bytes] = {}
 
@@ -515,7 +598,7 @@ def test_apply_patch_success_then_failure(client: httpx.Client, agent: Agent, ws
     assert answer["success"] is False and answer["exit_code"] != 0
     assert "hello.txt" in answer["stderr"]
     assert (ws / "hello.txt").read_text() == "goodbye\nworld\n"
-    assert list(agent.tmpdir.iterdir()) == []  # the patch file is removed
+    assert files_in(agent.tmpdir) == []  # the patch file is removed
 
 
 def test_apply_patch_validates(client: httpx.Client) -> None:
@@ -674,6 +757,34 @@ def test_no_shell_gives_an_error_not_a_crash(server_module) -> None:
         server.shutdown()
         server.server_close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("bash", [True, False])
+def test_a_script_that_cannot_be_read_fails_rather_than_running_nothing(server_module, bash: bool) -> None:
+    """`eval "$(<FILE)"` of a missing file runs nothing and exits 0: the agent's forms exit 126."""
+    shell = server_module.Shell("/bin/bash" if bash else "/bin/sh", bash)
+    for command in (shell.from_fd(97), shell.from_file("/nonexistent/orchard-script")):
+        done = subprocess.run(shell.argv(command, False), capture_output=True, text=True)
+        assert done.returncode == 126 and done.stderr, (command, done)
+
+
+def test_without_memory_files_a_long_command_runs_from_a_private_file(
+    server_module, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def no_memfd(name: str, flags: int = 0) -> int:
+        raise OSError(38, "Function not implemented")  # as on old kernels, some seccomp profiles
+
+    monkeypatch.setattr(os, "memfd_create", no_memfd)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    config = server_module.AgentConfig(TOKEN, str(tmp_path))
+    command, sha = heredoc(140_000)
+    with server_module.long_command(command + OWN_FILE, config) as (script, fds):
+        assert fds == ()
+        done = server_module.run_process(config.shell.argv(script, False), cwd=str(tmp_path), env=dict(os.environ))
+    assert (done.exit_code, done.stdout.value()) == (0, sha + b"600 700\n"), done.stderr.value()
+    assert files_in(tmp_path / "tmp") == []
 
 
 def test_without_pidfd_a_thread_notices_the_exit(server_module, monkeypatch: pytest.MonkeyPatch) -> None:

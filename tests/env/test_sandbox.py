@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import signal
 import subprocess
@@ -147,6 +148,65 @@ def test_bad_input_is_refused_clearly(box):
         box.exec(5)  # type: ignore[arg-type]
     with pytest.raises(InvalidRequest, match="command"):
         box.exec([])
+
+
+def test_commands_past_the_argv_limit_run_and_one_over_the_cap_is_refused(box, tiny):
+    for size in (140_000, 2 * 2**20):  # over one argv string's 128 KiB, over all of argv's ~2 MiB
+        text = 'it\'s $HOME "q" `x` \\\n' * (size // 22)
+        command = f"cat > /tmp/big.txt <<'EOF'\n{text}EOF\nsha256sum /tmp/big.txt"
+        sha = f"{hashlib.sha256(text.encode()).hexdigest()}  /tmp/big.txt\n"
+        assert box.exec(command).stdout == sha
+        assert box.exec(command, session="long").stdout == sha
+        assert tiny.exec(command).stdout == tiny.exec(command, session="long").stdout == sha  # sh, no bash
+    with pytest.raises(InvalidRequest, match="command is 16777217 bytes, over the limit of 16777216"):
+        box.exec("#" * (16 * 2**20 + 1))
+
+
+def test_a_long_command_that_times_out_loses_the_orphans_it_set_loose(box):
+    """Through the subreaper, which execs the shell with the script's memory file still open: the
+    shell reads it and closes it, and a timeout still kills what escaped with `setsid`."""
+    command = f"#{'x' * 200_000}\nls -l /proc/$$/fd | grep -c memfd\n"
+    command += "(setsid sh -c 'trap \"\" TERM; echo $$ > /tmp/orphan; exec sleep 600' &); sleep 600"  # a double fork
+    result = box.exec(command, timeout=2)
+    assert (result.exit_code, result.timed_out, result.stdout) == (124, True, "0\n")
+    pid = box.read_file("/tmp/orphan").decode().strip()
+    assert box.exec(f"kill -0 {pid}").exit_code != 0, "the orphan survived the timeout"
+
+
+def test_a_create_under_way_when_its_client_closes_is_deleted_not_handed_out(base_image, docker_client, tmp_path):
+    """An abandoned worker's create (Ctrl-C closes the client under it) finishes after the close
+    listed what to delete: the sandbox goes, and the create raises rather than hand out a box
+    that nothing will delete. `_handle` is held (an Event) to put the close in that moment."""
+    import threading
+
+    from orchard.env import Client
+
+    client = Client(store=Store.open(f"sqlite:///{tmp_path / 'store.db'}"))
+    made, release, outcome = threading.Event(), threading.Event(), {}
+    handle = client._handle
+
+    def held(*args, **kwargs):
+        made.set()
+        release.wait(60)
+        return handle(*args, **kwargs)
+
+    client._handle = held  # type: ignore[method-assign]
+
+    def create() -> None:
+        try:
+            outcome["box"] = client.create(base_image)
+        except SandboxError as exc:
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=create)
+    worker.start()
+    assert made.wait(120)
+    client.close()
+    release.set()
+    worker.join(60)
+    assert "box" not in outcome and "closed while sandbox" in str(outcome["error"])
+    sandbox_id = str(outcome["error"]).split("sandbox ")[1].split()[0]
+    assert docker_client.containers.list(all=True, filters={"name": sandbox_id}) == []
 
 
 def test_injection_into_an_image_without_python_or_libc(tiny):

@@ -15,8 +15,8 @@ HTTP/1.1 with keep-alive; every response carries ``Content-Length``. Every reque
 ``Authorization: Bearer <token>`` (missing: 401, wrong: 403). Errors are JSON
 ``{"error": "<one sentence>"}``: unknown route 404, wrong method 405, malformed JSON or a field of
 the wrong type 400 (the message names the field; unknown fields are refused too), body over the
-limit 413 (JSON bodies 256 MiB, uploads 1 GiB). Relative paths and a relative ``cwd`` are
-resolved against the workdir.
+limit 413 (JSON bodies 256 MiB, uploads 1 GiB; a command 16 MiB). Relative paths and a relative
+``cwd`` are resolved against the workdir.
 
 ``GET /health``
     ``{"status": "ok", "pid": int, "version": "1"}``.
@@ -25,8 +25,12 @@ resolved against the workdir.
     Body ``{"command": str | [str], "cwd": str|null, "env": {str: str}|null,
     "timeout": number|null, "login_shell": bool, "max_output": int|null, "stdin": str|null}``.
     A string runs as ``bash -c CMD`` (``sh -c`` in images without bash); a list is quoted with
-    ``shlex.join`` first. ``login_shell`` uses ``bash -l`` and sources ``~/.bashrc``. ``cwd``
-    defaults to the workdir (created if missing, ``/`` if it cannot be). The child's environment
+    ``shlex.join`` first. A command over 64 KiB, which argv cannot hold, is handed to the shell
+    as an open file of memory (``memfd_create``: no path, nothing on disk) that it reads and
+    runs with ``eval``: the same but for syntax errors, reported as ``eval: line N``; exit code
+    126 when it cannot be read (without ``memfd_create``, a file in the agent's private folder,
+    as for sessions). ``login_shell`` uses ``bash -l`` and sources ``~/.bashrc``. ``cwd`` defaults to the workdir (created if
+    missing, ``/`` if it cannot be). The child's environment
     is the agent's minus its runtime variables (``PYTHONHOME``, ``PYTHONPATH``,
     ``LD_LIBRARY_PATH``, ``ORCHARD_AGENT_*``, ...), with a default ``PATH`` and ``HOME``, then
     ``env`` on top. ``stdin`` is base64 (otherwise stdin is ``/dev/null``). ``max_output`` caps
@@ -53,10 +57,13 @@ resolved against the workdir.
     Body ``{"command": str, "session": str (default "default"), "timeout": number|null,
     "max_output": int|null}``: the command runs in a persistent shell of that name (started on
     first use), through ``eval`` so that a syntax error or an open quote fails only that command;
-    cwd, variables and functions carry over. Answered as ``/exec`` (plus ``"session"`` in the
-    JSON line). Output that background jobs write between commands is dropped. A timeout kills
-    the session's whole process tree; a command that exits the shell or closes its output ends
-    the session too; either way the next command starts a fresh shell and ``error`` says so.
+    cwd, variables and functions carry over (a command over 4 KiB is read with ``eval`` from a
+    file in the agent's private folder, 0700, made when first needed: bash reads its pipe a byte
+    at a time; status 126 when the file cannot be read, sent down the pipe when it cannot be
+    written). Answered as ``/exec`` (plus ``"session"``
+    in the JSON line). Output that background jobs write between commands is dropped. A timeout
+    kills the session's whole process tree; a command that exits the shell or closes its output
+    ends the session too; either way the next command starts a fresh shell and ``error`` says so.
     Commands of one session run one at a time. ``DELETE /shell?session=NAME`` ends a session:
     ``{"session", "closed": bool}``.
 
@@ -155,6 +162,11 @@ DEFAULT_PATCH_TIMEOUT = 30.0
 MAX_JSON_BODY = 256 * 1024 * 1024
 MAX_UPLOAD_BODY = 1024 * 1024 * 1024
 MAX_DRAINED_BODY = 64 * 1024  # an unread body up to this size is skipped to keep the connection
+MAX_COMMAND_BYTES = 16 * 1024 * 1024
+INLINE_COMMAND_BYTES = 64 * 1024
+"""Longer commands are read from a file of memory: Linux refuses one argv string over 128 KiB, all of argv over ~2 MiB."""
+INLINE_SESSION_BYTES = 4 * 1024
+"""Longer session commands are read from a private file: bash reads a pipe a byte at a time (~0.6 s a MiB)."""
 TIMEOUT_EXIT_CODE = 124
 EXIT_GRACE_S = 0.1  # how long output is still read once the command has exited
 KILL_WAIT_S = 5.0  # how long a killed process group may take to die before we give up
@@ -253,6 +265,20 @@ class Shell:
             return [self.path, "-l", "-c", f"source ~/.bashrc 2>/dev/null\n{script}"]
         return [self.path, "-l", "-c", script]
 
+    def from_fd(self, fd: int) -> str:
+        """A command that reads the script in the open file ``fd``, closes the file (what the
+        script starts does not inherit it) and runs the script as ``-c`` would (``eval``); exit
+        126 when it cannot be read. (Bash's ``$(<&N)`` reads nothing; its ``/dev/fd/N`` is
+        emulated where the system has none.)"""
+        read = f"$(</dev/fd/{fd})" if self.is_bash else f"$(cat <&{fd})"
+        return f'__orchard_script={read} || exit 126; exec {fd}<&-; eval "$__orchard_script"'
+
+    @staticmethod
+    def from_file(path: str) -> str:
+        """A command that runs the script in the file ``path`` with ``eval``; status 126 (and
+        ``cat``'s complaint) when it cannot be read, rather than running nothing and succeeding."""
+        return f"eval \"$(cat -- {shlex.quote(path)} || echo '(exit 126)')\""
+
 
 class AgentConfig:
     """What every request handler needs: token, workdir, shell and the base child environment."""
@@ -272,6 +298,8 @@ class AgentConfig:
         self.base_env = child_environment(os.environ if environ is None else environ)
         self.sessions: dict[str, ShellSession] = {}
         self.sessions_lock = threading.Lock()
+        self._private: str | None = None
+        self._private_lock = threading.Lock()
 
     def session(self, name: str) -> ShellSession:
         """The persistent shell called ``name``, started on first use."""
@@ -292,6 +320,21 @@ class AgentConfig:
             del self.sessions[name]
         session.kill()
         return True
+
+    def private_folder(self) -> str:
+        """A folder only the agent's user may use (``mkdtemp``: 0700, under ``TMPDIR`` or /tmp),
+        for scripts too long to hand a shell otherwise. Made when first needed, and made again
+        when what is at its path is no longer it (``lstat``: a real folder, this user's, 0700),
+        so a folder another user renamed into its place is never written to. OSError when none
+        can be made (a read-only or full /tmp)."""
+        with self._private_lock:
+            if self._private is not None:
+                with contextlib.suppress(OSError):
+                    info = os.lstat(self._private)
+                    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and info.st_mode & 0o777 == 0o700:
+                        return self._private
+            self._private = tempfile.mkdtemp(prefix="orchard-agent-")
+            return self._private
 
     def resolve(self, path: str) -> str:
         """An absolute, normalised path; relative paths are relative to the workdir."""
@@ -417,8 +460,10 @@ def run_process(
     stdin: bytes | None = None,
     timeout: float | None = None,
     max_output: int = DEFAULT_MAX_OUTPUT,
+    pass_fds: tuple[int, ...] = (),
 ) -> ProcessResult:
-    """Run argv in its own session, capturing output without polling; kill its tree on timeout."""
+    """Run argv in its own session, capturing output without polling; kill its tree on timeout.
+    ``pass_fds`` stay open in it, under their numbers (the subreaper execs with them)."""
     start = time.monotonic()
     result = ProcessResult(Capture(max_output), Capture(max_output))
     out_r, out_w = os.pipe()
@@ -433,6 +478,7 @@ def run_process(
             stdout=out_w,
             stderr=err_w,
             start_new_session=True,
+            pass_fds=pass_fds,
         )
     except BaseException as exc:
         for fd in (out_r, err_r, in_w):
@@ -614,12 +660,69 @@ def _close(fd: int) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def long_command(script: str, agent: AgentConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """``script`` itself, or past ``INLINE_COMMAND_BYTES`` a short command that reads it from a
+    file of memory, with the file descriptor to pass it: (command, fds).
+
+    The shell reads the script in one go and runs it with ``eval``, which parses and runs a
+    script as ``-c`` does: ``$0``, line numbers, positional parameters, stdin and the
+    environment are the same; only syntax errors are reported as ``eval: line N`` rather than
+    ``-c: line N``. A memory file has no path, so no process can remove or replace it, takes no
+    disk, and goes when its last descriptor closes. Where the system has none, the script is a
+    file in the agent's private folder (``private_script``), removed when the command is done.
+    """
+    data = os.fsencode(script)
+    if len(data) <= INLINE_COMMAND_BYTES:
+        yield script, ()
+        return
+    try:
+        fd = os.memfd_create("orchard-command", os.MFD_CLOEXEC)  # passed to the shell only
+    except (AttributeError, OSError):  # a Python built without it, a kernel or seccomp refusing it
+        with private_script(agent, data) as path:
+            yield (script, ()) if path is None else (agent.shell.from_file(path), ())
+        return
+    try:
+        with open(fd, "wb", closefd=False) as f:
+            f.write(data)
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield agent.shell.from_fd(fd), (fd,)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def private_script(agent: AgentConfig, data: bytes) -> Iterator[str | None]:
+    """The path of a new file (0600, in the agent's private folder) holding ``data``, removed
+    afterwards whatever a command did to it; None when it cannot be written (no space, a
+    read-only /tmp)."""
+    try:
+        path = os.path.join(agent.private_folder(), f"command-{os.urandom(8).hex()}.sh")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        yield None
+        return
+    try:
+        with open(fd, "wb") as f:
+            f.write(data)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        yield None
+        return
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError):  # the command may have removed it, or put a folder there
+            os.unlink(path)
+
+
 class ShellSession:
     """A persistent shell: commands share its working directory, variables and functions.
 
     Each command is sent as ``{ eval 'CMD'\n} </dev/null`` (so a syntax error, an open quote or
-    heredoc only fails that command) followed by two ``printf`` lines that print a random marker,
-    joined at run time so that no trace ever contains it, with the exit status, on stdout and
+    heredoc only fails that command; a long CMD is ``eval`` of a private file, see
+    ``private_script``) followed by two ``printf`` lines that print a random marker, joined at run time so that no trace ever contains it, with the exit status, on stdout and
     stderr; the command's output is what comes before the markers. Output that background jobs
     write between commands is dropped before the next command. A timeout kills the shell's whole
     process tree, and so does a command that ends the shell or closes its output; either way the
@@ -631,6 +734,7 @@ class ShellSession:
         if shell.path is None:
             raise FileNotFoundError("no shell found (looked for /bin/bash, /usr/bin/bash, /bin/sh)")
         argv = [shell.path, "--noprofile", "--norc"] if shell.is_bash else [shell.path]
+        self.agent = agent
         self.proc = subprocess.Popen(
             [*REAPED, *argv],
             stdin=subprocess.PIPE,
@@ -658,7 +762,11 @@ class ShellSession:
                 result = ProcessResult(Capture(0), Capture(0))
                 result.error = "the shell session ended; run the command again to start a new one"
                 return result
-            return self._run(command, timeout, max_output)
+            data = os.fsencode(command)
+            if len(data) <= INLINE_SESSION_BYTES:
+                return self._run(command, timeout, max_output)
+            with private_script(self.agent, data) as path:  # None: down the pipe, only slower
+                return self._run(command if path is None else Shell.from_file(path), timeout, max_output)
 
     def _run(self, command: str, timeout: float | None, max_output: int) -> ProcessResult:
         start = time.monotonic()
@@ -796,8 +904,20 @@ def field_command(data: dict[str, object]) -> str:
         script = command
     else:
         raise ApiError(400, "command must be a string or a non-empty list of strings")
+    return check_script(script)
+
+
+def check_script(script: str) -> str:
+    """A command's text, refused when it holds NUL characters or is over ``MAX_COMMAND_BYTES``."""
     if "\0" in script:
         raise ApiError(400, "command must not contain NUL characters")
+    size = len(os.fsencode(script))
+    if size > MAX_COMMAND_BYTES:
+        raise ApiError(
+            413,
+            f"command is {size} bytes, over the limit of {MAX_COMMAND_BYTES} "
+            f"({MAX_COMMAND_BYTES // 2**20} MiB); write it to a file and run that",
+        )
     return script
 
 
@@ -1201,20 +1321,22 @@ class AgentHandler(socketserver.StreamRequestHandler):
         timeout, login = field_timeout(data), field_bool(data, "login_shell")
         max_output, stdin = field_max_output(data), field_stdin(data)
         agent = self.server.agent
-        try:
-            argv = agent.shell.argv(script, login)
-        except FileNotFoundError as exc:
-            self.send_exec(ProcessResult(Capture(0), Capture(0), error=str(exc)))
-            return
-        ooms = oom_kills()
-        result = run_process(
-            argv,
-            cwd=self.resolve_cwd(cwd),
-            env={**agent.base_env, **env},
-            stdin=stdin,
-            timeout=timeout,
-            max_output=max_output,
-        )
+        with long_command(script, agent) as (command, fds):
+            try:
+                argv = agent.shell.argv(command, login)
+            except FileNotFoundError as exc:
+                self.send_exec(ProcessResult(Capture(0), Capture(0), error=str(exc)))
+                return
+            ooms = oom_kills()
+            result = run_process(
+                argv,
+                cwd=self.resolve_cwd(cwd),
+                env={**agent.base_env, **env},
+                stdin=stdin,
+                timeout=timeout,
+                max_output=max_output,
+                pass_fds=fds,
+            )
         note_oom(result, ooms)
         self.send_exec(result, timeout)
 
@@ -1223,6 +1345,7 @@ class AgentHandler(socketserver.StreamRequestHandler):
         command = data.get("command")
         if not isinstance(command, str) or not command.strip():
             raise ApiError(400, "command must be a non-empty string in a shell session")
+        check_script(command)
         name = field_str(data, "session") or "default"
         timeout, max_output = field_timeout(data), field_max_output(data)
         try:
