@@ -136,3 +136,39 @@ def test_a_store_keeps_its_run_folders_next_to_its_database(tmp_path, monkeypatc
     assert elsewhere.runs == tmp_path / "elsewhere" / "runs"
     assert Store.open("postgresql://u@127.0.0.1:1/db").runs == tmp_path / "home" / "runs"
     assert elsewhere.run_folder("eval-1").is_dir() and not (tmp_path / "home").exists()
+
+
+def test_a_store_from_an_older_orchard_gains_the_new_columns(tmp_path):
+    """`steps.finish_reason` came later: a store made without it opens, keeps its rows, and stores it."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    url = f"sqlite:///{path}"
+    made = f"from orchard import store; store.get_engine({url!r}).dispose()"
+    subprocess.run([sys.executable, "-c", made], check=True)  # another process made the store
+    with sqlite3.connect(path) as old:  # as an Orchard before the column had it
+        old.execute("ALTER TABLE steps DROP COLUMN finish_reason")
+        old.execute("INSERT INTO steps (id, trajectory_id, [index], reply, actions, observation, prompt_tokens,"
+                    " completion_tokens, duration) VALUES ('t/0', 't', 0, 'hi', '[]', '', 0, 0, 0)")  # fmt: skip
+    with store.session(url) as db:
+        db.add(store.StepRecord(id="t/1", trajectory_id="t", index=1, reply="cut", finish_reason="length"))
+    with store.session(url) as db:
+        steps = db.exec(select(store.StepRecord).order_by(store.StepRecord.index)).all()
+    assert [(s.reply, s.finish_reason) for s in steps] == [("hi", None), ("cut", "length")]
+
+
+def test_a_new_column_with_a_default_reads_as_it_in_the_rows_from_before(tmp_path):
+    """A column with a default (`results.tokens`, 0) added to an older store: its old rows read 0, not NULL."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    url = f"sqlite:///{path}"
+    made = f"from orchard import store; store.get_engine({url!r}).dispose()"
+    subprocess.run([sys.executable, "-c", made], check=True)
+    with sqlite3.connect(path) as old:  # as an Orchard before the column
+        old.execute("ALTER TABLE results DROP COLUMN tokens")
+        old.execute("INSERT INTO results (id, run_id, instance_id, harness, sample, outcome, resolved, patch, grade,"
+                    " steps, created_at) VALUES ('r/a/h/0', 'r', 'a', 'h', 0, 'resolved', 1, '', '{}', 3, 0)")  # fmt: skip
+    with store.session(url) as db:
+        (row,) = db.exec(select(store.ResultRecord)).all()
+    assert (row.steps, row.tokens) == (3, 0)

@@ -146,7 +146,10 @@ class CliHarness:
         cwd = _resolve(args.get("workdir") or workdir, workdir)
         timeout = args.get("timeout_ms")
         seconds = timeout / 1000 if isinstance(timeout, int) and timeout > 0 else self.default_timeout
-        result = box.exec(shlex.join(args["command"]), cwd=cwd, timeout=min(seconds, 600.0))
+        command = args["command"]
+        shell = len(command) == 3 and command[0] in SHELLS and command[1] in ("-c", "-lc")
+        script = command[2] if shell else shlex.join(command)  # a script runs as itself, of any size
+        result = box.exec(script, cwd=cwd, timeout=min(seconds, 600.0), login_shell=shell and command[1] == "-lc")
         output = result.stdout + result.stderr
         if result.timed_out:
             output += f"\n[timed out after {seconds:g} s]"
@@ -183,6 +186,11 @@ class CliHarness:
             return Reply(content=step.thought, tool_calls=[ToolCall(call_id, "write_file", written)])
         shell = json.dumps({"command": ["bash", "-lc", step.command]})
         return Reply(content=step.thought, tool_calls=[ToolCall(call_id, "shell", shell)])
+
+
+SHELLS = frozenset({"bash", "/bin/bash", "/usr/bin/bash"})
+"""`["bash", "-lc", SCRIPT]`, as coding CLIs send a command, runs SCRIPT itself (no argv limit), as
+the agent runs a command: under bash. `sh -c` forms are run as written (`sh` need not be bash)."""
 
 
 def _resolve(path: str, workdir: str) -> str:

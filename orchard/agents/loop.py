@@ -5,8 +5,11 @@ The task may be of any kind (`orchard.tasks.base`): the loop starts it in the sa
 (`task.start`), shows the model its `public()` view with its `prompt()`, and takes its
 `submission` from the sandbox at the end (SWE: the working tree's diff). Limits: steps, total
 tokens, wall time. A reply the harness cannot parse is fed back to the model as a format error
-and counted (`Limits.max_format_errors` in a row abort the episode). A model or sandbox failure
-ends the episode as `aborted` with the reason; the submission is whatever the sandbox holds then.
+and counted (`Limits.max_format_errors` in a row abort the episode). A reply cut at the model's
+token limit (`finish_reason` `length`, kept with the step) is followed by a notice saying so. A
+failure of the model, of its server (an answer with no reply among them) or of the sandbox ends
+the episode as `aborted` with the reason, keeping the steps so far; the submission is whatever
+the sandbox holds then.
 Statuses: `completed` (submitted), `truncated` (steps or tokens ran out), `time_limit`, `aborted`.
 Observations may be text or content parts with images (`orchard.agents.base.Observation`).
 """
@@ -49,6 +52,15 @@ class StepLog:
     prompt_tokens: int
     completion_tokens: int
     duration: float
+    finish_reason: str | None = None
+    """Why the model's reply ended, as its server said (`stop`, `length`, `tool_calls`; None: not said)."""
+
+
+CUT_NOTICE = (
+    "Your last reply was cut off: it reached the limit of tokens per reply. "
+    "Keep replies shorter (a brief thought, then the action)."
+)
+"""Told to the model on the turn after a reply that ended at its token limit."""
 
 
 @dataclass
@@ -128,7 +140,9 @@ def _step(episode: Episode, index: int, harness: Harness, model: ModelSession, b
     started = time.monotonic()
     reply = model.complete(episode.messages, tools)
     episode.messages.append(reply.message())
-    log = StepLog(index, reply.content, [], "", None, reply.prompt_tokens, reply.completion_tokens, 0.0)
+    log = StepLog(
+        index, reply.content, [], "", None, reply.prompt_tokens, reply.completion_tokens, 0.0, reply.finish_reason
+    )
     episode.steps.append(log)
     try:
         actions = harness.parse(reply)
@@ -136,6 +150,7 @@ def _step(episode: Episode, index: int, harness: Harness, model: ModelSession, b
         episode.format_errors += 1
         log.format_error = str(error)
         episode.messages.extend(harness.format_error_messages(reply, error))
+        _tell_if_cut(episode.messages, reply.finish_reason)
         log.duration = time.monotonic() - started
         return False
     submitted = False
@@ -151,8 +166,22 @@ def _step(episode: Episode, index: int, harness: Harness, model: ModelSession, b
         observations.append(observation)
         episode.messages.extend(harness.observation_messages(action, observation))
     log.observation = "\n".join(observation_text(o) for o in observations)
+    if not submitted:
+        _tell_if_cut(episode.messages, reply.finish_reason)
     log.duration = time.monotonic() - started
     return submitted
+
+
+def _tell_if_cut(messages: list[Message], finish_reason: str | None) -> None:
+    """After a reply cut at the token limit, the notice: added to the turn's last user message when it
+    has one (some chat templates refuse two user messages in a row), else as a message of its own."""
+    if finish_reason != "length":
+        return
+    last = messages[-1]
+    if last.get("role") == "user" and isinstance(last.get("content"), str):
+        last["content"] = f"{last['content']}\n\n{CUT_NOTICE}"
+    else:
+        messages.append({"role": "user", "content": CUT_NOTICE})
 
 
 def save_episode(episode: Episode, *, run_id: str | None, sample: int, store: Store | None = None) -> None:
@@ -189,6 +218,7 @@ def save_episode(episode: Episode, *, run_id: str | None, sample: int, store: St
                     actions=json.dumps(step.actions),
                     observation=step.observation,
                     format_error=step.format_error,
+                    finish_reason=step.finish_reason,
                     prompt_tokens=step.prompt_tokens,
                     completion_tokens=step.completion_tokens,
                     duration=step.duration,

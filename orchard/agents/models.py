@@ -6,12 +6,17 @@
   (unresolved, with one productive stretch); `scripted:FILE` replays steps from a JSON file
   (`{instance_id: [step, ...]}`, steps as `orchard.agents.base.Step` fields); `noop` submits at
   once. For tests and offline demos.
-* `openai:MODEL` (any OpenAI-compatible server: vLLM, SGLang, Ollama, hosted APIs), with the
-  server from `--base-url` / `OPENAI_BASE_URL` and the key from `OPENAI_API_KEY` (or none).
+* `openai:MODEL` (any OpenAI-compatible server: vLLM, SGLang, llama.cpp, Ollama, hosted APIs),
+  with the server from `--base-url` / `OPENAI_BASE_URL` and the key from `OPENAI_API_KEY` (one of
+  the two must be given). Its `preflight()` asks the server once, before a run, whether it serves
+  the model (and takes tools, when the run offers them); during a run, a server that fails
+  several calls in a row raises `ModelUnavailable`.
 * `hf:PATH` a local `transformers` causal LM (a folder), generating on this machine.
 
 A model hands out one `ModelSession` per episode (`session(task, harness)`), so sessions can run
-in parallel and keep per-episode state.
+in parallel and keep per-episode state. A model may have a `preflight()`, which `check_model`
+calls (`model_from_spec` does) before anything runs, and `settings`, what it makes of the options
+that change its replies (a run is named by them).
 """
 
 from __future__ import annotations
@@ -35,7 +40,19 @@ if TYPE_CHECKING:
 
 
 class ModelError(OrchardError):
-    """The model could not answer (server down, out of context, ...)."""
+    """The model could not answer (out of context, a request it made too big, ...): the episode
+    ends, aborted, and that is the model's outcome."""
+
+
+class ModelServerError(ModelError, ConnectionError):
+    """The model's server failed the request (refused, unreachable, timed out, any status but
+    those of a request too big or malformed, an answer that is no chat completion): the machine
+    failed, not the model."""
+
+
+class ModelUnavailable(ModelServerError):
+    """The model's server has failed several calls in a row: the run stops, since every attempt
+    after this one would fail the same way."""
 
 
 class ModelSession(Protocol):
@@ -88,6 +105,11 @@ class ScriptedModel:
     def from_spec(cls, argument: str, **_: Any) -> ScriptedModel:
         return cls(argument)
 
+    @property
+    def settings(self) -> dict[str, Any]:
+        """None of the options changes what it replays."""
+        return {}
+
     def session(self, task: TaskBase, harness: Harness) -> ScriptedSession:
         if self._source == "noop":
             return ScriptedSession([], harness)
@@ -121,12 +143,16 @@ class _ReplaySession:
 
 
 def _reply(message: Message) -> Reply:
+    """A chat message as a reply: its function calls (an id made up, unique, where one has none) and text."""
     calls = []
-    for index, call in enumerate(message.get("tool_calls") or []):
+    for call in message.get("tool_calls") or []:
+        if (call.get("type") or "function") != "function":
+            continue
         function = call.get("function") or {}
         arguments = function.get("arguments")
         arguments = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
-        calls.append(ToolCall(str(call.get("id") or f"call_{index}"), str(function.get("name")), arguments))
+        call_id = str(call.get("id") or f"call_{uuid.uuid4().hex[:12]}")
+        calls.append(ToolCall(call_id, str(function.get("name")), arguments))
     content = message.get("content")
     if isinstance(content, list):  # content parts: their text, as the model wrote it
         content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
@@ -135,9 +161,39 @@ def _reply(message: Message) -> Reply:
 
 # -- OpenAI-compatible servers -----------------------------------------------------------
 
+MODELS_FAULT = (400, 413, 422)
+"""HTTP statuses that are about the model's own request (a context overflow, a request too big or
+malformed: what it wrote), its outcome; every other status, like a refused or timed-out
+connection or an answer that is no chat completion, is the server failing (a 500 of a server
+that refuses tools, a 401 of a revoked key, a 429 after the retries)."""
+PREFLIGHT_TIMEOUT = 30.0
+"""Seconds the check before a run waits for the server's answer (its models, or one token)."""
+PING: list[Message] = [{"role": "user", "content": "Say OK."}]
+PING_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "noop",
+            "description": "Does nothing.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+]
+"""The tool of the check, when a run offers tools: a server that refuses tools fails it."""
+
 
 class OpenAIModel:
-    """Any OpenAI-compatible chat server, with tool calls or plain text."""
+    """Any OpenAI-compatible chat server, with tool calls or plain text.
+
+    A request may take `request_timeout` seconds and the client retries it twice (a refused
+    connection, a timeout, 429, 5xx; with backoff): a reply comes whole, so 120 s bounds one
+    generation (2048 tokens at 17 a second; a slower server needs more), and a server that hangs
+    holds an attempt 6 minutes, not 30. `max_failures` calls in a row that the server fails
+    (`ModelServerError`), counted over every episode of this model, raise `ModelUnavailable`, as
+    does every call after them.
+    """
+
+    max_failures = 3
 
     def __init__(
         self,
@@ -147,54 +203,165 @@ class OpenAIModel:
         api_key: str | None = None,
         temperature: float = 0.0,
         max_tokens: int = 2048,
-        timeout: float = 600.0,
+        request_timeout: float = 120.0,
     ):
         from openai import OpenAI
 
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL")
+        api_key = api_key or os.environ.get("OPENAI_API_KEY")
+        if not base_url and not api_key:
+            raise ConfigError(
+                f"openai:{model} needs a server: --base-url URL (or OPENAI_BASE_URL) for one of your own, "
+                "or OPENAI_API_KEY for the hosted API"
+            )
         self.name = model
-        self.temperature, self.max_tokens = temperature, max_tokens
-        self.client = OpenAI(
-            base_url=base_url or os.environ.get("OPENAI_BASE_URL"),
-            api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none",
-            timeout=timeout,
-            max_retries=2,
-        )
+        self.temperature, self.max_tokens, self.request_timeout = temperature, max_tokens, request_timeout
+        self.client = OpenAI(base_url=base_url, api_key=api_key or "none", timeout=request_timeout, max_retries=2)
+        self.url = str(self.client.base_url).rstrip("/")
+        self._lock = threading.Lock()  # the episodes share the model, and its count of failures in a row
+        self._failures = 0
+        self._unavailable: str | None = None
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What changes its replies: the server, the sampling temperature, the tokens per reply."""
+        return {"base_url": self.url, "temperature": self.temperature, "max_tokens": self.max_tokens}
 
     @classmethod
-    def from_spec(cls, argument: str, *, base_url: str | None = None, api_key: str | None = None) -> OpenAIModel:
-        return cls(argument, base_url=base_url, api_key=api_key)
+    def from_spec(
+        cls, argument: str, *, base_url: str | None = None, api_key: str | None = None, **options: Any
+    ) -> OpenAIModel:
+        return cls(argument, base_url=base_url, api_key=api_key, **options)
 
     def session(self, task: TaskBase, harness: Harness) -> OpenAIModel:
         return self
 
+    def preflight(self, tools: bool = False) -> None:
+        """Before a run, the server's list of models, and one token of a chat when it has no list
+        or the run offers `tools` (then asked with a tool and `tool_choice`, as the run will ask).
+        A ConfigError, one line, when the server cannot be reached, refuses (a llama.cpp started
+        without `--jinja` refuses tools), or lists models but not this one."""
+        import openai
+
+        timeout = min(self.request_timeout, PREFLIGHT_TIMEOUT)
+        client = self.client.with_options(max_retries=0, timeout=timeout)
+        try:
+            served = _served(client.models.with_raw_response.list().http_response)
+        except openai.NotFoundError:
+            served = []
+        except (openai.OpenAIError, ValueError) as exc:
+            raise ConfigError(f"the model server at {self.url} {_answer(exc, 'GET /models', timeout)}") from None
+        if served and self.name not in served and f"{self.name}:latest" not in served:  # Ollama's default tag
+            shown = ", ".join(served[:10]) + (", ..." if len(served) > 10 else "")
+            raise ConfigError(f"the model server at {self.url} has no model {self.name!r}: it serves {shown}")
+        if not served or tools:
+            ping = self._request(PING, PING_TOOLS if tools else None, max_tokens=1)
+            try:
+                _parsed(client.chat.completions.with_raw_response.create(**ping))
+            except (openai.OpenAIError, ValueError) as exc:
+                raise ConfigError(
+                    f"the model server at {self.url} {_answer(exc, 'POST /chat/completions', timeout)}"
+                ) from None
+
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> Reply:
         import openai
 
-        kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+        if self._unavailable:
+            raise ModelUnavailable(self._unavailable)
         try:
-            answer = self.client.chat.completions.create(
-                model=self.name,
-                messages=messages,  # type: ignore[arg-type]
-                temperature=self.temperature,
-                max_tokens=self.max_tokens,
-                **kwargs,
-            )
+            raw = self.client.chat.completions.with_raw_response.create(**self._request(messages, tools))
+            reply = _parsed(raw)
         except openai.OpenAIError as exc:
-            raise ModelError(f"the model server failed: {type(exc).__name__}: {str(exc)[:300]}") from None
-        choice = answer.choices[0]
-        calls = [
-            ToolCall(call.id or f"call_{uuid.uuid4().hex[:8]}", call.function.name, call.function.arguments or "{}")
-            for call in choice.message.tool_calls or []
-            if call.type == "function"
-        ]
-        usage = answer.usage
-        return Reply(
-            content=choice.message.content or "",
-            tool_calls=calls,
-            prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
-            finish_reason=choice.finish_reason,
-        )
+            error = f"{type(exc).__name__}: {_one_line(str(exc), 300)}"
+            if getattr(exc, "status_code", None) in MODELS_FAULT:
+                self._count(None)  # the server answered, about the model's request
+                raise ModelError(f"the model server failed: {error}") from None
+            self._count(exc, error)
+            raise ModelServerError(f"the model server failed: {error}") from None
+        except ValueError as exc:
+            self._count(exc, f"an answer that is {exc}")
+            raise ModelServerError(f"the model server answered {exc}") from None
+        self._count(None)
+        return reply
+
+    def _request(self, messages: list[Message], tools: list[dict[str, Any]] | None, **overrides: Any) -> dict[str, Any]:
+        """A chat completion's body; `tool_choice` goes with the tools (some servers drop tools without it)."""
+        request: dict[str, Any] = {
+            "model": self.name,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
+        if tools:
+            request |= {"tools": tools, "tool_choice": "auto"}
+        return request | overrides
+
+    def _count(self, failure: Exception | None, error: str = "") -> None:
+        """One more call in a row that the server failed (`failure`), or the end of such a row."""
+        import openai
+
+        with self._lock:
+            self._failures = self._failures + 1 if failure is not None else 0
+            if self._failures >= self.max_failures:
+                slow = (
+                    f"; if the server is only slow, raise --request-timeout (now {self.request_timeout:g} s)"
+                    if isinstance(failure, openai.APITimeoutError)
+                    else ""
+                )
+                self._unavailable = (
+                    f"the model server at {self.url} did not answer {self._failures} requests in a row, so "
+                    f"the run stops (last: {error}){slow}; the same command resumes the run"
+                )
+                raise ModelUnavailable(self._unavailable)
+
+
+def _served(response: Any) -> list[str]:
+    """The model ids of a `/models` answer (ValueError when it holds no list of models)."""
+    try:
+        return [str(entry["id"]) for entry in response.json()["data"]]
+    except (ValueError, LookupError, TypeError) as exc:
+        raise ValueError(f"no list of models ({type(exc).__name__}): {_body(response)}") from None
+
+
+def _parsed(raw: Any) -> Reply:
+    """The reply in a chat completion's answer (ValueError naming what came instead of one: an
+    HTML page, JSON without `choices`, JSON cut short)."""
+    response = raw.http_response
+    try:
+        answer = response.json()
+        choice = answer["choices"][0]
+        reply = _reply(choice["message"])
+        usage = answer.get("usage") or {}
+        reply.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        reply.completion_tokens = int(usage.get("completion_tokens") or 0)
+    except (ValueError, LookupError, TypeError, AttributeError) as exc:
+        raise ValueError(f"no chat completion ({type(exc).__name__}): {_body(response)}") from None
+    reason = choice.get("finish_reason")
+    reply.finish_reason = None if reason is None else str(reason)
+    return reply
+
+
+def _body(response: Any) -> str:
+    """An HTTP answer in a few words: its status, content type and first characters."""
+    kind = response.headers.get("content-type") or "no content type"
+    return f"HTTP {response.status_code} ({kind}) {_one_line(response.text, 200)!r}"
+
+
+def _answer(exc: Exception, request: str, timeout: float) -> str:
+    """What the server did with `request`: the rest of a line that names the server."""
+    import openai
+
+    if isinstance(exc, openai.APITimeoutError):
+        return f"did not answer {request} within {timeout:g} s: start it, or fix --base-url"
+    if isinstance(exc, openai.APIConnectionError):
+        return f"cannot be reached ({request}: {exc.__cause__ or exc}): start it, or fix --base-url"
+    if isinstance(exc, openai.APIStatusError):
+        return f"refused {request}: {_body(exc.response)}"
+    return f"answered {request} with {exc}"
+
+
+def _one_line(text: str, limit: int) -> str:
+    return " ".join(text.split())[:limit]
 
 
 # -- local transformers ------------------------------------------------------------------
@@ -230,8 +397,15 @@ class TransformersModel:
         self._lock = threading.Lock()  # one generation at a time on this device
 
     @classmethod
-    def from_spec(cls, argument: str, **_: Any) -> TransformersModel:
-        return cls(argument)
+    def from_spec(
+        cls, argument: str, *, max_tokens: int = 256, temperature: float = 0.0, **_: Any
+    ) -> TransformersModel:
+        return cls(argument, max_new_tokens=max_tokens, temperature=temperature)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What changes its replies: the sampling temperature, the tokens per reply."""
+        return {"temperature": self.temperature, "max_tokens": self.max_new_tokens}
 
     def session(self, task: TaskBase, harness: Harness) -> TransformersModel:
         return self
@@ -328,19 +502,67 @@ makes a model from the argument with `from_spec`. `noop` stands for `scripted:no
 SPECS = "scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME (with --base-url), hf:PATH or module:Class[:ARGUMENT]"
 
 
-def model_from_spec(spec: str, *, base_url: str | None = None, api_key: str | None = None) -> Model:
+def model_from_spec(
+    spec: str,
+    *,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    request_timeout: float | None = None,
+    check: bool = True,
+    tools: bool = False,
+) -> Model:
     """The model a spec names: `PREFIX:ARGUMENT` with a prefix of `MODELS`, `noop`, or your own
-    adapter as `module:Class[:ARGUMENT]` (a class with the same `from_spec`)."""
+    adapter as `module:Class[:ARGUMENT]` (a class with the same `from_spec`), which gets the options
+    that are given (not None) as keywords (a ConfigError names one its `from_spec` does not take).
+    With `check`, the model is checked (`check_model`; `tools`: the run offers tools) before it is
+    returned, so a server that cannot serve it is one line before a run starts any sandbox;
+    without, nothing is sent (a judge made for later, a script)."""
     prefix, _, rest = ("scripted:noop" if spec == "noop" else spec).partition(":")
+    options = {"max_tokens": max_tokens, "temperature": temperature, "request_timeout": request_timeout}
+    given = {key: value for key, value in options.items() if value is not None}
     if prefix in MODELS and rest:
-        return load(MODELS, prefix, "model").from_spec(rest, base_url=base_url, api_key=api_key)
-    attribute, _, argument = rest.partition(":")
-    if not (prefix.replace(".", "_").isidentifier() and attribute.isidentifier() and _importable(prefix)):
-        raise ConfigError(f"unknown model {spec!r}: use {SPECS}")
-    adapter = load({}, f"{prefix}:{attribute}", "model")
-    if not callable(getattr(adapter, "from_spec", None)):
-        raise ConfigError(f"model {spec!r}: {prefix}:{attribute} has no from_spec(argument, base_url=, api_key=)")
-    return adapter.from_spec(argument, base_url=base_url, api_key=api_key)
+        adapter, argument = load(MODELS, prefix, "model"), rest
+    else:
+        attribute, _, argument = rest.partition(":")
+        if not (prefix.replace(".", "_").isidentifier() and attribute.isidentifier() and _importable(prefix)):
+            raise ConfigError(f"unknown model {spec!r}: use {SPECS}")
+        adapter = load({}, f"{prefix}:{attribute}", "model")
+        if not callable(getattr(adapter, "from_spec", None)):
+            raise ConfigError(f"model {spec!r}: {prefix}:{attribute} has no from_spec(argument, base_url=, api_key=)")
+    refused = _refused(adapter.from_spec, given)
+    if refused:
+        raise ConfigError(f"model {spec} does not take {', '.join('--' + n.replace('_', '-') for n in refused)}")
+    model = adapter.from_spec(argument, base_url=base_url, api_key=api_key, **given)
+    if check:
+        check_model(model, tools=tools)
+    return model
+
+
+def check_model(model: Model, *, tools: bool = False) -> None:
+    """The model's `preflight()`, where it has one (`preflight(tools=True)` when the run offers
+    tools): an adapter of a server makes a request or two there and raises ConfigError, one line
+    naming the server and its answer, when it cannot serve the model. Models without a server
+    (scripted, recorded, local) have nothing to check."""
+    preflight = getattr(model, "preflight", None)
+    if callable(preflight) and tools:
+        preflight(tools=True)
+    elif callable(preflight):
+        preflight()
+
+
+def _refused(function: Callable[..., Any], options: dict[str, Any]) -> list[str]:
+    """The options a `from_spec` takes no keyword for (none when it takes `**keywords`)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):  # no signature to read: let the call say
+        return []
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return []
+    return [name for name in options if name not in parameters]
 
 
 def _importable(module: str) -> bool:

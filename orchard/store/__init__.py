@@ -148,13 +148,45 @@ def _create(url: str) -> Engine:
         with open(private_file(path.with_name(path.name + ".lock")), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             SQLModel.metadata.create_all(engine)
+            with engine.begin() as connection:
+                _add_new_columns(connection)
         return engine
     engine = create_engine(url, pool_pre_ping=True)
     with engine.begin() as connection:
         if engine.dialect.name == "postgresql":
             connection.execute(text("SELECT pg_advisory_xact_lock(4674246)"))  # "ORCH"
         SQLModel.metadata.create_all(connection)
+        _add_new_columns(connection)
     return engine
+
+
+def _add_new_columns(connection) -> None:
+    """A store made by an older Orchard gains the columns added since, each nullable or with a
+    scalar default (given to the database, so existing rows read as that value, not NULL); a new
+    column with neither is refused: its rows could not be read. Nothing is rewritten."""
+    from sqlalchemy import inspect, literal, text
+    from sqlalchemy.sql.schema import ScalarElementColumnDefault
+    from sqlmodel import SQLModel
+
+    inspector = inspect(connection)
+    for table in SQLModel.metadata.sorted_tables:
+        present = {column["name"] for column in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            kind = column.type.compile(dialect=connection.dialect)
+            default = column.default
+            if isinstance(default, ScalarElementColumnDefault) and default.arg is not None:
+                value = literal(default.arg, column.type).compile(
+                    dialect=connection.dialect, compile_kwargs={"literal_binds": True}
+                )
+                kind += f" DEFAULT {value}"
+            elif not column.nullable:
+                raise ConfigError(
+                    f"the store cannot gain the column {table.name}.{column.name}: it is NOT NULL with no "
+                    "scalar default (an Orchard bug: give it one)"
+                )
+            connection.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}'))
 
 
 def _private_store(path: Path) -> None:

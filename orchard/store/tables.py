@@ -121,6 +121,7 @@ class StepRecord(SQLModel, table=True):
     actions: str = Field(default="[]", description="JSON: [{name, arguments}] parsed from the reply")
     observation: str = ""
     format_error: str | None = None
+    finish_reason: str | None = Field(default=None, description="why the model stopped: stop, length, tool_calls")
     prompt_tokens: int = 0
     completion_tokens: int = 0
     duration: float = 0.0

@@ -214,7 +214,7 @@ def _credit(config: SWEConfig, tasks, images, client, runs: list[str], store: St
         from orchard.agents.models import model_from_spec
 
         assert config.credit.judge  # CreditConfig requires one
-        judge = JudgeEstimator(model_from_spec(config.credit.judge))
+        judge = JudgeEstimator(model_from_spec(config.credit.judge, check=False))
     segments = steps = 0
     for trajectory in unresolved:
         task = by_id.get(trajectory.instance_id)
@@ -272,7 +272,7 @@ def _rl(
     from orchard.train.tracking import StoreMetrics
 
     rl = config.rl
-    judge = model_from_spec(rl.judge) if rl.judge else None
+    judge = model_from_spec(rl.judge, check=False) if rl.judge else None
     chosen = list(tasks)[: rl.tasks] if rl.tasks else list(tasks)
     result = train_rl(
         policy,

@@ -77,3 +77,22 @@ def test_fences_and_heredocs_survive_awkward_content():
         harness_factory("cli")().parse(
             Reply(tool_calls=[ToolCall("c", "shell", json.dumps({"command": ["ls"], "workdir": 5}))])
         )
+
+
+@pytest.mark.docker
+def test_cli_shell_scripts_of_any_size_run(client):
+    """Coding CLIs send `["bash", "-lc", SCRIPT]`: SCRIPT runs as itself, past the 128 KiB argv limit."""
+    harness = harness_factory("cli")()
+    big = "x" * 200_000
+    script = f"cat > /tmp/big <<'EOF'\n{big}\nEOF\nwc -c < /tmp/big"
+    reply = Reply(tool_calls=[ToolCall("c1", "shell", json.dumps({"command": ["bash", "-lc", script]}))])
+    with client.create("orchard/base:bookworm") as box:
+        (action,) = harness.parse(reply)
+        answer = json.loads(harness.execute(action, box, "/tmp"))
+    assert answer["metadata"]["exit_code"] == 0, answer
+    assert answer["output"].strip() == "200001"
+    with client.create("orchard/base:bookworm") as box:  # `sh -c` runs under sh (dash here), as written
+        for shell, ran_by in (("sh", "sh"), ("bash", "bash")):
+            call = {"command": [shell, "-c", '[ -n "$BASH_VERSION" ] && echo bash || echo sh']}
+            (action,) = harness.parse(Reply(tool_calls=[ToolCall("c2", "shell", json.dumps(call))]))
+            assert json.loads(harness.execute(action, box, "/tmp"))["output"].strip() == ran_by

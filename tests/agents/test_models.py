@@ -15,7 +15,7 @@ import pytest
 
 from orchard.agents import harness_factory
 from orchard.agents.loop import Limits, run_episode
-from orchard.agents.models import ModelError, OpenAIModel, TransformersModel, model_from_spec
+from orchard.agents.models import ModelError, OpenAIModel, TransformersModel, check_model, model_from_spec
 from orchard.errors import ConfigError
 
 
@@ -93,6 +93,7 @@ def served(tiny):
 def test_the_openai_client_against_a_real_local_server(served, example, client):
     base_url, name = served
     model = OpenAIModel(name, base_url=base_url, max_tokens=12)
+    check_model(model)  # the check before a run passes against a real server
     reply = model.complete([{"role": "user", "content": "Say hello."}], None)
     assert isinstance(reply.content, str) and reply.prompt_tokens > 0 and reply.completion_tokens > 0
     task, image = example
@@ -114,7 +115,7 @@ def test_model_specs_and_a_dead_server():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens here
-    dead = OpenAIModel("m", base_url=f"http://127.0.0.1:{port}/v1", timeout=5)
+    dead = OpenAIModel("m", base_url=f"http://127.0.0.1:{port}/v1", request_timeout=5)
     with pytest.raises(ModelError, match="the model server failed: APIConnectionError"):
         dead.complete([{"role": "user", "content": "hi"}], None)
 
