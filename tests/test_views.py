@@ -96,7 +96,7 @@ def _trajectory(trajectory_id: str, run_id: str, instance: str, credits: list[fl
     return rows
 
 
-def test_show_run_prints_the_lines_of_runs_show(db_url):
+def test_show_run_prints_the_lines_of_runs_show(db_url, tmp_path):
     summary = {"harnesses": {"bash": {"attempts": 3, "resolved": 2, "resolve_rate": 2 / 3}}}
     with session(Store.open(db_url)) as db:
         db.add(
@@ -122,6 +122,10 @@ def test_show_run_prints_the_lines_of_runs_show(db_url):
             "results  3 graded, 2 resolved",
             "metric   accuracy: 0.5 at step 1 (1 points)",
             "metric   loss: 2.12346 at step 2 (2 points)",
+            f"folder   {tmp_path / 'runs' / 'eval-a'}",
+            "attempt  t1  bash/0  resolved    -",  # results made before runs kept files: none to point to
+            "attempt  t2  bash/0  resolved    -",
+            "attempt  t3  bash/0  unresolved  -",
         ]
     )
     assert views.show_run("rl-b", store=Store.open(db_url)).splitlines()[5:] == [

@@ -23,6 +23,15 @@ TASKS_HELP = "Task set: JSON, JSONL, a dataset folder or a hub id."
 HARNESS_HELP = f"Harnesses, comma-separated: {names(HARNESSES, files=True)}."
 MODEL_HELP = "Models, comma-separated: scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME, hf:PATH or module:Class[:ARG]."
 CONFIG_HELP = "Read the settings from this YAML file instead of flags (keys: orchard/eval/config.py)."
+MaxTokens = Annotated[int | None, typer.Option(min=1, help="Tokens per model reply (default: openai 2048, hf 256).")]
+Temperature = Annotated[float | None, typer.Option(min=0, help="Sampling temperature (default: 0, greedy).")]
+RequestTimeout = Annotated[
+    float | None,
+    typer.Option(metavar="SECONDS", help="Seconds one request to a model server may take (default: 120)."),
+]
+Rerun = Annotated[
+    bool, typer.Option("--rerun", help="Start the run afresh instead of resuming it: what it recorded goes.")
+]
 
 FLAG_OF = {"models": "--model", "harnesses": "--harness"}
 """The config keys whose flag is not the key itself."""
@@ -49,6 +58,13 @@ def eval_(
         Path | None,
         typer.Option(metavar="DIR", help="Local mirror of the repositories: DIR/owner/name or DIR/owner__name."),
     ] = None,
+    image_source: Annotated[
+        str,
+        typer.Option(
+            metavar="build|swebench",
+            help="Task images: build them offline (default), or SWE-bench's published instance images.",
+        ),
+    ] = "build",
     ids: Annotated[str | None, typer.Option(metavar="IDS", help="Only these instance ids (comma-separated).")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Attempts at once.")] = 2,
     episode_steps: Annotated[int, typer.Option(min=1, help="Turns per episode.")] = 40,
@@ -56,6 +72,9 @@ def eval_(
         str | None,
         typer.Option(metavar="URL", envvar="OPENAI_BASE_URL", help="OpenAI-compatible server for openai:NAME."),
     ] = None,
+    max_tokens: MaxTokens = None,
+    temperature: Temperature = None,
+    request_timeout: RequestTimeout = None,
     report: Annotated[
         Path | None, typer.Option(metavar="FILE", help="Also write SWE-bench's report JSON here.")
     ] = None,
@@ -64,6 +83,7 @@ def eval_(
         Path | None,
         typer.Option(metavar="DIR", help="A value model: submit its pick among the --k samples of each task."),
     ] = None,
+    rerun: Rerun = False,
     config: Annotated[Path | None, typer.Option(metavar="FILE", help=CONFIG_HELP)] = None,
 ) -> None:
     """Evaluate models under harnesses (or grade predictions) on a task set; stored and reported."""
@@ -78,10 +98,15 @@ def eval_(
         "k": k,
         "predictions": predictions,
         "repos": repos,
+        "image_source": image_source,
         "ids": ids,
         "concurrency": concurrency,
         "episode_steps": episode_steps,
         "base_url": base_url,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "request_timeout": request_timeout,
+        "rerun": rerun,
         "report": report,
         "split": split,
         "rerank": rerank,
@@ -102,6 +127,10 @@ def collect(
     base_url: Annotated[
         str | None, typer.Option(metavar="URL", envvar="OPENAI_BASE_URL", help="Server for openai:NAME.")
     ] = None,
+    max_tokens: MaxTokens = None,
+    temperature: Temperature = None,
+    request_timeout: RequestTimeout = None,
+    rerun: Rerun = False,
     config: Annotated[Path | None, typer.Option(metavar="FILE", help=CONFIG_HELP)] = None,
 ) -> None:
     """Run teachers on a task set and keep every trajectory, graded, as a `collect` run."""
@@ -118,6 +147,10 @@ def collect(
         "concurrency": concurrency,
         "episode_steps": episode_steps,
         "base_url": base_url,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "request_timeout": request_timeout,
+        "rerun": rerun,
     }
     _show(_config(ctx, CollectRunConfig, config, flags), "collect")
 
@@ -155,13 +188,13 @@ def _show(config: EvalConfig | CollectRunConfig, kind: str) -> None:
     from rich.console import Console
 
     from orchard.env import Client
-    from orchard.eval.console import EvalProgress, matrix_table, results_table
+    from orchard.eval.console import EvalProgress, exits_on_interrupt, matrix_table, results_table
     from orchard.eval.jobs import jobs, run_jobs, swebench_reports
 
     rerank = getattr(config, "rerank", None)
     console, summaries = Console(), {}
     tasks, found = jobs(config)  # every name and file checked before a sandbox is made
-    with Client() as client:
+    with exits_on_interrupt(), Client() as client:  # the sandboxes go first, then the line
         for job, result in run_jobs(config, tasks, found, kind, client, progress=EvalProgress):
             console.print(results_table(result.summary, f"run {result.run_id} - {job.name}"))
             if rerank is not None and getattr(config, "predictions", None) is None:

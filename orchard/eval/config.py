@@ -15,7 +15,7 @@ the file's folder; the CLI builds the same model from its flags, whose comma-sep
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
 
@@ -52,11 +52,24 @@ class _Attempts(ConfigModel):
     repos: Folder | None = Field(
         default=None, description="local mirror of the repositories (DIR/owner/name or DIR/owner__name)"
     )
+    image_source: Literal["build", "swebench"] = Field(
+        default="build", description="task images: build them offline, or use SWE-bench's published ones"
+    )
     harnesses: HarnessSpecs = Field(default=["bash"], description="harnesses: bash, tools, cli or FILE.py:Class")
     k: int = Field(default=1, ge=1, description="samples per task and harness")
     concurrency: int = Field(default=2, ge=1, description="attempts at once")
     episode_steps: int = Field(default=EPISODE_STEPS, ge=1, description="turns per episode")
     base_url: str | None = Field(default=None, description="OpenAI-compatible server of openai:NAME models")
+    rerun: bool = Field(
+        default=False, description="start the run afresh: forget what an earlier run of the same evaluation recorded"
+    )
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="tokens per model reply (default: the adapter's, openai 2048, hf 256)"
+    )
+    temperature: float | None = Field(default=None, ge=0, description="sampling temperature (default: 0, greedy)")
+    request_timeout: float | None = Field(
+        default=None, gt=0, description="seconds one request to a model server may take, retried twice (default: 120)"
+    )
 
 
 class EvalConfig(_Attempts):

@@ -1,15 +1,37 @@
-"""What `orchard eval` shows in the terminal: a progress bar with ETA, then the results table."""
+"""What `orchard eval` shows in the terminal: a progress bar with ETA, then the results table; and
+on Ctrl-C, one line and exit code 130."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from orchard.eval.report import flagged
+from orchard.eval.runner import RunInterrupted
 from orchard.store import ResultRecord
+
+INTERRUPTED = 130
+"""The exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells report it."""
+
+
+@contextmanager
+def exits_on_interrupt() -> Iterator[None]:
+    """Ctrl-C as one line on stderr and exit code 130: the run it stopped is recorded as interrupted,
+    and the same command resumes it."""
+    try:
+        yield
+    except RunInterrupted as stop:
+        typer.echo(f"interrupted: {stop}; it is recorded, and the same command resumes it", err=True)
+        raise typer.Exit(INTERRUPTED) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(INTERRUPTED) from None
 
 
 class EvalProgress:

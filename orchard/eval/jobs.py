@@ -1,8 +1,10 @@
 """`orchard eval` and `orchard collect` as library calls: a config (`orchard.eval.config`) in, runs out.
 
 An evaluation is one job per model (or one for a predictions file), each a run of the store made
-by `evaluate`: the same attempts, filed as `eval` or `collect` runs. The CLI builds the config from
-its flags or a file and prints what these return; a script can call them the same way.
+by `evaluate`: the same attempts, filed as `eval` or `collect` runs, named by what changes what
+they find (`settings`, the model's own `settings`, the tasks' contents) and by nothing else. The
+CLI builds the config from its flags or a file and prints what these return; a script can call
+them the same way.
 """
 
 from __future__ import annotations
@@ -15,12 +17,45 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchard.errors import InvalidRequest
 from orchard.eval.runner import EvalResult, Solver, evaluate
 from orchard.tasks import Prepare, load_tasks
 
 if TYPE_CHECKING:
     from orchard.env.client import Client
     from orchard.eval.config import CollectRunConfig, EvalConfig
+
+
+HOW_IT_RUNS = frozenset({"concurrency", "repos", "report", "rerank", "rerun", "request_timeout"})
+"""Settings that change how a run goes, not what it finds: runs that differ only in these are one
+run (resumed with a bigger timeout, more at once, the repositories elsewhere)."""
+MODEL_OPTIONS = ("base_url", "max_tokens", "temperature")
+"""Settings that reach the model: a run is named by what the model makes of them (its `settings`:
+`noop` takes none of them, `openai:NAME` 2048 tokens whether they are given or not)."""
+GRADING = ("split", "image_source", "ids")
+"""What a predictions run is named by, with the tasks' contents and the patches: grading takes no other setting."""
+
+
+def settings(config: EvalConfig | CollectRunConfig) -> dict[str, Any]:
+    """The settings a job's run is named by: every one of the config but `HOW_IT_RUNS`,
+    `MODEL_OPTIONS` and who solves, with the ids in order. Not where the tasks came from: their
+    contents name the run (in `evaluate`), so the same tasks moved elsewhere are the same run."""
+    exclude = set(HOW_IT_RUNS) | set(MODEL_OPTIONS) | {"models", "predictions", "tasks"}
+    values = config.model_dump(mode="json", exclude=exclude)
+    if values.get("ids"):
+        values["ids"] = sorted(values["ids"])
+    return values
+
+
+def model_settings(model: Any, config: EvalConfig | CollectRunConfig) -> dict[str, Any]:
+    """What the model makes of `MODEL_OPTIONS` (its `settings`); for an adapter without them, the
+    options as given, the server as the flag reads it."""
+    own = getattr(model, "settings", None)
+    if isinstance(own, dict):
+        return own
+    given = {name: getattr(config, name) for name in MODEL_OPTIONS}
+    given["base_url"] = given["base_url"] or os.environ.get("OPENAI_BASE_URL")
+    return {name: value for name, value in given.items() if value is not None}
 
 
 @dataclass
@@ -33,49 +68,61 @@ class Job:
     samples: int
     solve: Solver
     config: dict[str, Any]
+    """What its run is named by (`evaluate` adds the tasks' contents)."""
+    recorded: dict[str, Any]
+    """Kept with the run's config, naming nothing: where the tasks came from."""
 
 
 def jobs(config: EvalConfig | CollectRunConfig) -> tuple[list[Any], list[Job]]:
-    """The task set and a job per model (or one for predictions), every name checked before anything runs."""
+    """The task set and a job per model (or one for predictions), every name checked before anything
+    runs (each model's server asked once: `model_from_spec`)."""
     from orchard.agents import harness_factory
     from orchard.agents.loop import Limits
     from orchard.agents.models import model_from_spec
     from orchard.eval.agent import agent_solver
 
-    tasks = load_tasks(config.tasks, split=config.split, ids=config.ids)
-    source = str(Path(config.tasks).resolve()) if Path(config.tasks).exists() else config.tasks
-    base_url = config.base_url or os.environ.get("OPENAI_BASE_URL") or None  # as the flag reads it
+    every = load_tasks(config.tasks, split=config.split)
+    tasks = _only(every, config.ids, config.tasks)
+    recorded = {"tasks": str(Path(config.tasks).resolve()) if Path(config.tasks).exists() else config.tasks}
     predictions = getattr(config, "predictions", None)
     if predictions is not None:
         from orchard.eval.predictions import load_predictions, solver_for
 
-        name, patches = load_predictions(predictions, tasks)
+        name, patches = load_predictions(predictions, every)
+        wanted = {t.instance_id for t in tasks}  # predictions for tasks --ids leaves out are not graded
+        patches = {i: p for i, p in patches.items() if i in wanted}
         chosen = [t for t in tasks if t.instance_id in patches]
         digest = hashlib.sha256(json.dumps(sorted(patches.items())).encode()).hexdigest()
-        run: dict[str, Any] = {
-            "tasks": source,
-            "ids": [t.instance_id for t in chosen],
-            "predictions": name,
-            "patches": digest,
-        }
-        return tasks, [Job(name, chosen, [name], 1, solver_for(patches), run)]
+        run = {key: value for key, value in settings(config).items() if key in GRADING}
+        run |= {"ids": sorted(patches), "predictions": name, "patches": digest}
+        return tasks, [Job(name, chosen, [name], 1, solver_for(patches), run, recorded)]
+    offers_tools = False
     for harness in config.harnesses:
-        harness_factory(harness)  # a wrong name is one line now, not an error per attempt
+        offers_tools |= bool(harness_factory(harness)().tools())  # a wrong name is one line now
     found = []
     for spec in config.models or []:
-        agent = model_from_spec(spec, base_url=base_url)
-        settings: dict[str, Any] = {
-            "tasks": source,
-            "ids": [t.instance_id for t in tasks],
-            "model": spec,
-            "base_url": base_url,
-            "harnesses": config.harnesses,
-            "k": config.k,
-            "max_steps": config.episode_steps,  # the key older runs were filed under: a rerun resumes them
-        }
+        agent = model_from_spec(
+            spec,
+            base_url=config.base_url or os.environ.get("OPENAI_BASE_URL"),
+            max_tokens=config.max_tokens,
+            temperature=config.temperature,
+            request_timeout=config.request_timeout,
+            tools=offers_tools,
+        )
+        run = settings(config) | {"model": spec, "model_settings": model_settings(agent, config)}
         solve = agent_solver(agent, Limits(max_steps=config.episode_steps))
-        found.append(Job(agent.name, tasks, list(config.harnesses), config.k, solve, settings))
+        found.append(Job(agent.name, tasks, list(config.harnesses), config.k, solve, run, recorded))
     return tasks, found
+
+
+def _only(tasks: list[Any], ids: list[str] | None, source: str) -> list[Any]:
+    """The tasks `ids` names (all without), in the task set's order; an id it lacks is an error."""
+    if not ids:
+        return tasks
+    missing = sorted(set(ids) - {t.instance_id for t in tasks})
+    if missing:
+        raise InvalidRequest(f"{source} has no task {', '.join(missing)}")
+    return [t for t in tasks if t.instance_id in set(ids)]
 
 
 def run_jobs(
@@ -91,7 +138,7 @@ def run_jobs(
     makes a context manager that is called with (done, total, record) as attempts finish."""
     import contextlib
 
-    prepare = Prepare(config.repos)
+    prepare = Prepare(config.repos, image_source=config.image_source)
     for job in found:
         with progress() if progress else contextlib.nullcontext() as on_progress:
             result = evaluate(
@@ -107,6 +154,8 @@ def run_jobs(
                 on_progress=on_progress,
                 report_ids=[t.instance_id for t in tasks],
                 kind=kind,
+                rerun=config.rerun,
+                recorded=job.recorded,
             )
         yield job, result
 

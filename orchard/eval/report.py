@@ -1,11 +1,114 @@
-"""The run's Markdown report, with PNG plots, written next to the run's JSON files."""
+"""What a run writes in its folder besides its JSON summaries: each attempt's files, and the
+Markdown report with PNG plots.
+
+Each attempt's files are in SWE-bench's layout (`logs/<instance_id>/`, `attempt_folder`):
+`patch.diff` (for kinds other than SWE, `submission.txt`), `test_output.txt` (the grader's whole
+log, up to `LOG_FILE_LIMIT`; the store keeps only its tail), `report.json` (for SWE, SWE-bench's
+per-instance report; for other kinds, the grade), and `run_instance.log` (the outcome and why).
+A run that makes several attempts at a task (harnesses, samples) files each in a folder of its
+own below the task's, `<harness>-<sample>`. Every file is written whole or not at all.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchard.tasks.base import Grade, TaskBase
 
 OUTCOME_ORDER = ["resolved", "unresolved", "empty_patch", "patch_failed", "timeout", "error"]
+LOG_FILE_LIMIT = 64 * 1024 * 1024
+"""Bytes of an attempt's log written to its `test_output.txt`; a longer one keeps its head and tail."""
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def attempt_folder(instance_id: str, harness: str, sample: int, *, single: bool) -> str:
+    """Where an attempt's files are in its run's folder: `logs/<instance_id>` for a run's only
+    attempt at a task (SWE-bench's layout), else `logs/<instance_id>/<harness>-<sample>`."""
+    task = f"logs/{_name(instance_id)}"
+    return task if single else f"{task}/{_name(harness)}-{sample}"
+
+
+def _name(text: str) -> str:
+    """`text` as one safe path part: itself when it is one, else a readable form and a short hash."""
+    if _UNSAFE.search(text) is None and text not in ("", ".", ".."):
+        return text
+    return f"{_UNSAFE.sub('_', text)[-80:]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+def write_attempt(folder: Path, task: TaskBase, grade: Grade, submission: str, details: dict[str, Any]) -> None:
+    """An attempt's files in `folder` (made if missing): its submission, whole log, report and summary."""
+    from orchard.tasks.swe import SWETask
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if isinstance(task, SWETask):
+        _write(folder / "patch.diff", _bytes(submission))
+        report = swebench_instance_report(grade, submission)
+    else:
+        _write(folder / "submission.txt", _bytes(submission))
+        report = {key: value for key, value in details.items() if key not in ("log", "files")}
+    _write(folder / "test_output.txt", _bounded(_bytes(grade.log)))
+    _write(folder / "report.json", (json.dumps(report, indent=2) + "\n").encode())
+    lines: list[str] = []
+    for key in ("outcome", "error", "solver_error", "episode"):
+        value = details.get(key)
+        if value and not any(line.endswith(f": {value}") for line in lines):  # the solver's error is often the grade's
+            lines.append(f"{key}: {value}")
+    lines += [f"suspicious: {reason}" for reason in grade.suspicious]
+    lines += [f"warning: {warning}" for warning in grade.checks.get("warnings", [])]
+    _write(folder / "run_instance.log", ("\n".join(lines) + "\n").encode())
+
+
+def swebench_instance_report(grade: Grade, submission: str) -> dict[str, Any]:
+    """SWE-bench's per-instance `report.json` for a SWE grade: did the patch exist, apply, resolve,
+    and each FAIL_TO_PASS and PASS_TO_PASS test's fate (when the tests ran)."""
+    tests: dict[str, str] = getattr(grade, "tests", {})
+    applied = grade.outcome in ("resolved", "unresolved", "timeout") or bool(tests)
+    report: dict[str, Any] = {
+        "patch_is_None": False,
+        "patch_exists": bool(submission.strip()),
+        "patch_successfully_applied": applied,
+        "resolved": grade.resolved,
+    }
+    if applied:
+        empty: dict[str, list[str]] = {"success": [], "failure": []}
+        report["tests_status"] = {
+            "FAIL_TO_PASS": getattr(grade, "fail_to_pass", empty),
+            "PASS_TO_PASS": getattr(grade, "pass_to_pass", empty),
+            "FAIL_TO_FAIL": empty,
+            "PASS_TO_FAIL": empty,
+        }
+    return {grade.instance_id: report}
+
+
+def _bytes(text: str) -> bytes:
+    """UTF-8; a character that has none (a lone surrogate) as `?`."""
+    return text.encode(errors="replace")
+
+
+def _bounded(data: bytes) -> bytes:
+    if len(data) <= LOG_FILE_LIMIT:
+        return data
+    half = LOG_FILE_LIMIT // 2
+    return data[:half] + f"\n[orchard: {len(data) - 2 * half} bytes left out]\n".encode() + data[-half:]
+
+
+def _write(path: Path, data: bytes) -> None:
+    """`data` as the file `path`, whole or not at all (a temporary file renamed over it)."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def write_report(folder: Path, summary: dict[str, Any], title: str) -> Path:
@@ -33,9 +136,15 @@ def write_report(folder: Path, summary: dict[str, Any], title: str) -> Path:
         "",
         f"SWE-bench report (first harness, sample 0): {report['resolved_instances']} of "
         f"{report['total_instances']} resolved, {report['error_instances']} errors, "
-        f"{report['empty_patch_instances']} empty patches (`report.json`).",
+        f"{report['empty_patch_instances']} empty patches (`report.json`); each attempt's patch, whole "
+        "test log and report are in `logs/`.",
         "",
     ]
+    errors = sum(row["outcomes"].get("error", 0) for row in harnesses.values())
+    if errors:
+        why = "the task or the machine failed, not the model"
+        again = "the same command tries those the machine failed again, up to twice each"
+        lines += [f"{errors} attempts are errors ({why}): {again}.", ""]
     flagged_attempts = summary.get("suspicious") or []
     if flagged_attempts:
         lines += ["## Suspicious attempts", ""]

@@ -3,28 +3,41 @@
 Tasks may be of any kind (`orchard.tasks.base`). A `Solver` turns an attempt into a submission: a
 prediction file's, the gold patch, or an agent working in a sandbox (`orchard.eval.agent`). The
 runner prepares the task images, runs attempts `concurrency` at a time (each solved, then graded
-by its task's kind), records each result as soon as it is graded, and writes the summary (per
-harness: resolve rate, mean score, pass@k, pass^k) and SWE-bench's report into the run's folder.
-The same evaluation started again resumes its run: recorded attempts are skipped.
+by its task's kind), records each result as soon as it is graded, with its files in the run's
+folder (`orchard.eval.report.write_attempt`: SWE-bench's `logs/<instance_id>/` layout, the whole
+test log), and writes the summary (per harness: resolve rate, mean score, pass@k, pass^k) and
+SWE-bench's report into the run's folder.
+
+A run is named by what it does (`run_id_for` of `run_config`: the tasks' records and every
+setting that changes what it finds), so the same evaluation started again resumes its run:
+recorded attempts are skipped, except those the machine failed (`to_retry`: an `error` whose
+fault is not the task's, tried again up to `MAX_RETRIES` times); `rerun` starts it afresh. Ctrl-C
+stops a run within seconds, even while attempts wait on a model server: it is recorded as
+interrupted with everything finished so far (`RunInterrupted`), and the attempts still running
+get `INTERRUPT_GRACE` seconds, then are abandoned (their sandboxes go with the client). A run
+stopped otherwise (a model server gone) waits for the attempts under way, which are recorded.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import queue
+import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Generator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from orchard.agents.loop import record_verdict
+from orchard.agents.models import ModelUnavailable
 from orchard.errors import OrchardError
 from orchard.eval.metrics import mean_over_tasks, pass_at_k, pass_hat_k, swebench_report
-from orchard.eval.report import write_report
+from orchard.eval.report import attempt_folder, write_attempt, write_report
 from orchard.store import ResultRecord, Store
-from orchard.store.runs import add_result, finish_run, record_metrics, results_of, start_run
+from orchard.store.runs import add_result, delete_run, finish_run, record_metrics, results_of, start_run
 from orchard.tasks.base import Grade, Prepare
 
 if TYPE_CHECKING:
@@ -32,6 +45,12 @@ if TYPE_CHECKING:
     from orchard.tasks.base import TaskBase
 
 LOG_TAIL = 4000
+"""Characters of an attempt's log kept in the store; the whole log is in its `test_output.txt`."""
+MAX_RETRIES = 2
+"""Times a resumed run tries an attempt the machine failed again; then its `error` stands (a fault
+that is the task's, or one that comes back every time, is no reason to try for ever)."""
+INTERRUPT_GRACE = 5.0
+"""Seconds the attempts under way at Ctrl-C get to finish (and be recorded) before they are abandoned."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +72,13 @@ class Solved:
     steps: int = 0
     tokens: int = 0
     error: str | None = None
+    """Why the solver could not finish for a reason that is not the model's (a sandbox died, the
+    model server did not answer): the attempt is an `error`, whatever the sandbox held."""
+    ended: str | None = None
+    """How an agent's episode ended when it did not submit (`truncated`, `aborted: 5 format errors
+    in a row`): the model's doing, so its submission is graded all the same."""
+    failure: OrchardError | None = None
+    """The exception that ended the attempt, if one did; some stop the whole run (`stops_the_run`)."""
 
 
 class Solver(Protocol):
@@ -67,10 +93,54 @@ class EvalResult:
     results: list[ResultRecord] = field(default_factory=list)
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run; it is recorded as interrupted, with the attempts it finished."""
+
+    def __init__(self, run_id: str, finished: int, total: int):
+        super().__init__(f"run {run_id} stopped with {finished} of {total} attempts done")
+        self.run_id, self.finished, self.total = run_id, finished, total
+
+
 def run_id_for(kind: str, config: dict[str, Any]) -> str:
     """Runs are named by what they do, so the same evaluation finds its earlier run."""
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
     return f"{kind}-{digest}"
+
+
+def to_retry(record: ResultRecord) -> bool:
+    """Whether a resumed run tries this attempt again: an `error` the machine made (its grade's
+    `fault` is not `task`: a sandbox died, the model server failed, an image was missing) that
+    has been retried fewer than `MAX_RETRIES` times. Every other outcome is a verdict, done."""
+    if record.outcome != "error":
+        return False
+    details = _details(record)
+    return details.get("fault") != "task" and int(details.get("retries") or 0) < MAX_RETRIES
+
+
+def _details(record: ResultRecord) -> dict[str, Any]:
+    try:
+        details = json.loads(record.grade or "{}")
+    except ValueError:
+        return {}
+    return details if isinstance(details, dict) else {}
+
+
+def run_config(config: dict[str, Any], tasks: Sequence[TaskBase]) -> dict[str, Any]:
+    """What an evaluation's run is filed under (and named by): its settings and its tasks' records,
+    so that a changed task, like a changed setting, makes a new run."""
+    return {**config, "task_records": tasks_digest(tasks)}
+
+
+def tasks_digest(tasks: Sequence[TaskBase]) -> str:
+    """A hash of the tasks' records (what a task file holds for each), in no particular order."""
+    records = sorted(json.dumps(t.record(), sort_keys=True, default=str) for t in tasks)
+    return hashlib.sha256(json.dumps(records).encode()).hexdigest()
+
+
+def stops_the_run(exc: BaseException) -> bool:
+    """Whether a solver's failure ends the whole run: the model server is gone for good, so every
+    attempt after it would fail the same way (`ModelUnavailable`)."""
+    return isinstance(exc, ModelUnavailable)
 
 
 def evaluate(
@@ -88,40 +158,55 @@ def evaluate(
     on_progress: Callable[[int, int, ResultRecord | None], None] | None = None,
     report_ids: Sequence[str] | None = None,
     kind: str = "eval",
+    rerun: bool = False,
+    recorded: dict[str, Any] | None = None,
 ) -> EvalResult:
-    """Solve and grade every attempt not yet recorded in this evaluation's run (`kind` eval or collect)."""
+    """Solve and grade every attempt not yet recorded in this evaluation's run (`kind` eval or
+    collect), or every attempt with `rerun` (what the run recorded before is deleted first).
+    The run is named by `config` and the tasks; `recorded` is kept with them in its config but
+    names nothing (where the tasks came from: the same tasks from elsewhere are the same run).
+
+    Ctrl-C raises `RunInterrupted`; a solver's failure that stops the run (`stops_the_run`) is
+    raised as it is; either way the run is recorded as stopped with what it finished."""
+    store = store or Store.open()
+    config = run_config(config, tasks)
     run_id = run_id_for(kind, config)
-    run, _resumed = start_run(run_id, kind, name, config, store=store)
+    if rerun:
+        delete_run(run_id, store=store)
+    run, _resumed = start_run(run_id, kind, name, {**config, **(recorded or {})}, store=store)
     attempts = [Attempt(t, h, s) for t in tasks for h in harnesses for s in range(samples)]
-    done = {r.id for r in results_of(run_id, store=store)}
-    pending = [a for a in attempts if a.result_id(run_id) not in done]
+    earlier = {r.id: r for r in results_of(run_id, store=store)}
+    retries = {key: int(_details(r).get("retries") or 0) + 1 for key, r in earlier.items() if to_retry(r)}
+    pending = [a for a in attempts if a.result_id(run_id) not in earlier or a.result_id(run_id) in retries]
     total, finished = len(attempts), len(attempts) - len(pending)
+    folder = store.run_folder(run_id)
+    single = len(harnesses) * samples == 1
     if on_progress:
         on_progress(finished, total, None)
     try:
         images = _images(pending, prepare, concurrency)
-        with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="orchard-eval") as pool:
-            futures = [pool.submit(_attempt, run_id, a, images, solve, client, store) for a in pending]
-            try:
-                for future in as_completed(futures):
-                    record = future.result()
-                    finished += 1
-                    if on_progress:
-                        on_progress(finished, total, record)
-            except BaseException:
-                for future in futures:  # Ctrl-C: start nothing more; what runs finishes and is recorded
-                    future.cancel()
-                raise
+
+        def work(attempt: Attempt) -> ResultRecord:
+            retry = retries.get(attempt.result_id(run_id), 0)
+            return _attempt(run_id, attempt, images, solve, client, store, folder, single, retry)
+
+        with _finished(in_threads(work, pending, concurrency)) as records:
+            for record in records:
+                finished += 1
+                if on_progress:
+                    on_progress(finished, total, record)
     except BaseException as exc:
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        stopped = isinstance(exc, KeyboardInterrupt)
         partial = summarize(
             results_of(run_id, store=store), report_ids or [t.instance_id for t in tasks], metric_of(tasks)
         )
-        finish_run(run_id, status, partial, error=str(exc) or type(exc).__name__, store=store)
+        error = "stopped by Ctrl-C" if stopped else str(exc) or type(exc).__name__
+        finish_run(run_id, "interrupted" if stopped else "failed", partial, error=error, store=store)
+        if stopped and not isinstance(exc, RunInterrupted):
+            raise RunInterrupted(run_id, finished, total) from None
         raise
     results = results_of(run_id, store=store)
     summary = summarize(results, report_ids or [t.instance_id for t in tasks], metric_of(tasks))
-    folder = (store or Store.open()).run_folder(run_id)
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (folder / "report.json").write_text(json.dumps(summary["report"], indent=2) + "\n")
     write_report(folder, summary, name)
@@ -134,22 +219,83 @@ def evaluate(
     return EvalResult(run.id, folder, summary, results)
 
 
+def in_threads(work: Callable[[Any], Any], items: Sequence[Any], concurrency: int) -> Generator[Any, None, None]:
+    """`work(item)` for every item, `concurrency` at a time, each result as soon as it is ready;
+    the first exception one raises is raised here, and once it is (or the generator is closed)
+    nothing more is started and the work under way is waited for, so that nothing still uses
+    what the caller cleans up next (its sandboxes' client).
+
+    At Ctrl-C (a KeyboardInterrupt in here, or thrown in: `_finished`) the work under way gets
+    `INTERRUPT_GRACE` seconds, then is abandoned: daemon threads, not an executor, whose threads
+    are joined at exit however long a model request hangs."""
+    todo: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    for item in items:
+        todo.put(item)
+    finished: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def worker() -> None:
+        while not stop.is_set():
+            try:
+                item = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                finished.put((True, work(item)))
+            except BaseException as exc:  # the caller raises it; no worker starts anything more
+                stop.set()
+                finished.put((False, exc))
+
+    threads = [
+        threading.Thread(target=worker, name=f"orchard-eval-{index}", daemon=True)
+        for index in range(min(max(1, concurrency), len(items)))
+    ]
+    for thread in threads:
+        thread.start()
+    grace: float | None = None
+    try:
+        for _ in items:
+            ok, value = finished.get()
+            if not ok:
+                raise value
+            yield value
+    except KeyboardInterrupt:
+        grace = INTERRUPT_GRACE
+        raise
+    finally:
+        stop.set()
+        deadline = None if grace is None else time.monotonic() + grace
+        for thread in threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+
+@contextmanager
+def _finished(work: Generator[Any, None, None]) -> Generator[Generator[Any, None, None], None, None]:
+    """`in_threads`' results, closed when the block ends; a Ctrl-C in the block is thrown into it
+    first, so the work under way gets only its grace, not all the time it needs."""
+    try:
+        yield work
+    except KeyboardInterrupt as exc:
+        with suppress(KeyboardInterrupt):
+            work.throw(exc)
+        raise
+    finally:
+        work.close()
+
+
 def _images(attempts: Sequence[Attempt], prepare: Prepare, concurrency: int) -> dict[str, str | OrchardError]:
     """Each task's image (or why it could not be built), built `concurrency` at a time."""
     tasks = {a.task.instance_id: a.task for a in attempts}
-    images: dict[str, str | OrchardError] = {}
 
-    def build(task: TaskBase) -> None:
+    def build(task: TaskBase) -> tuple[str, str | OrchardError]:
         try:
-            images[task.instance_id] = task.sandbox_image(prepare)
+            return task.instance_id, task.sandbox_image(prepare)
         except OrchardError as exc:
-            images[task.instance_id] = exc
+            return task.instance_id, exc
         except Exception as exc:  # a kind's bug: that task's attempts are errors, the run goes on
-            images[task.instance_id] = OrchardError(f"{type(exc).__name__}: {exc}")
+            return task.instance_id, OrchardError(f"{type(exc).__name__}: {exc}")
 
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        list(pool.map(build, tasks.values()))
-    return images
+    return dict(in_threads(build, list(tasks.values()), concurrency))
 
 
 def _attempt(
@@ -159,30 +305,44 @@ def _attempt(
     solve: Solver,
     client: Client,
     store: Store | None,
+    folder: Path,
+    single: bool,
+    retry: int = 0,
 ) -> ResultRecord:
+    """One attempt solved, graded, its files written (`single`: the run's only attempt at its task,
+    filed in SWE-bench's own layout) and its result recorded (`retry`: how many times a resumed run
+    has tried it again); then a failure that stops the run is raised."""
     task = attempt.task
     image = images[task.instance_id]
     solved = Solved(submission="")
     grade: Grade
     if isinstance(image, OrchardError):
-        grade = Grade(task.instance_id, "error", error=f"no image for the task: {image}")
+        grade = Grade(task.instance_id, "error", error=f"no image for the task: {image}", fault="machine")
     else:
+        fault: Literal["task", "machine"] = "machine"
         try:
             solved = solve(attempt, image, client, run_id)
         except OrchardError as exc:
-            solved = Solved(submission="", error=f"the solver failed: {exc}")
-        except Exception as exc:  # a bug or a surprise in one attempt must not end the run
+            solved = Solved(submission="", error=f"the solver failed: {exc}", failure=exc)
+        except Exception as exc:  # a bug in one attempt must not end the run; running it again finds it again
             solved = Solved(submission="", error=f"the solver failed ({type(exc).__name__}): {exc}")
-        if solved.error and not solved.submission.strip():
-            grade = Grade(task.instance_id, "error", error=solved.error)
+            fault = "task"
+        if solved.error:  # cut short by the machine: whatever the sandbox held is no verdict
+            grade = Grade(task.instance_id, "error", error=solved.error, fault=fault)
         else:
             grade = _graded(task, client, solved.submission, image)
     if solved.trajectory_id:
         record_verdict(solved.trajectory_id, grade.outcome, grade.resolved, store=store)
+    files = attempt_folder(task.instance_id, attempt.harness, attempt.sample, single=single)
     details = grade.public()
     details["log"] = details["log"][-LOG_TAIL:]
-    if solved.error:
-        details["solver_error"] = solved.error
+    details["files"] = files
+    if grade.outcome == "error" and grade.fault is None:  # a kind's error that names no fault: the machine's
+        details["fault"] = "machine"
+    for key, value in (("solver_error", solved.error), ("episode", solved.ended), ("retries", retry)):
+        if value:
+            details[key] = value
+    write_attempt(folder / files, task, grade, solved.submission, details)
     record = ResultRecord(
         id=attempt.result_id(run_id),
         run_id=run_id,
@@ -199,6 +359,8 @@ def _attempt(
         created_at=time.time(),
     )
     add_result(record, store=store)
+    if solved.failure is not None and stops_the_run(solved.failure):
+        raise solved.failure  # recorded first, as an error that a resumed run tries again
     return record
 
 
@@ -211,8 +373,10 @@ def _graded(task: TaskBase, client: Client, submission: str, image: str) -> Grad
     """The kind's grade, its score held to [0, 1]; a grader that fails is an `error` outcome."""
     try:
         grade = task.grade(client, submission, image)
-    except Exception as exc:  # OrchardError (the sandbox went away) or a kind's bug: not the attempt's fault
-        return Grade(task.instance_id, "error", error=f"grading failed ({type(exc).__name__}): {exc}")
+    except OrchardError as exc:  # the sandbox went away, ...: not the attempt's fault
+        return Grade(task.instance_id, "error", error=f"grading failed ({type(exc).__name__}): {exc}", fault="machine")
+    except Exception as exc:  # a kind's bug: it fails the same way every time
+        return Grade(task.instance_id, "error", error=f"grading failed ({type(exc).__name__}): {exc}", fault="task")
     grade.score = min(1.0, max(0.0, float(grade.score)))
     return grade
 

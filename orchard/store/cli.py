@@ -46,7 +46,8 @@ def runs_ls(
 
 @command(runs_app, "show")
 def runs_show(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
-    """Show one run: what it was asked, how it went, its metrics (last value, points)."""
+    """Show one run: what it was asked, how it went, its metrics (last value, points), and each
+    attempt's outcome with where its files are (patch, whole test log, report)."""
     from orchard.store.views import show_run
 
     typer.echo(show_run(run_id))
@@ -54,7 +55,7 @@ def runs_show(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
 
 @command(runs_app, "rm")
 def runs_rm(run_ids: Annotated[list[str], typer.Argument(metavar="RUN_ID", help="Run ids.")]) -> None:
-    """Delete runs with their results, metrics, trajectories and steps."""
+    """Delete runs with their results, metrics, trajectories and steps, and their folders of files."""
     from orchard.store.runs import delete_run
 
     unknown = [r for r in run_ids if not delete_run(r)]

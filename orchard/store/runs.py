@@ -1,9 +1,12 @@
 """Runs in the store: start (or resume) one, record its results, finish it.
 
 A run is identified by an id its caller derives from its configuration, so the same command run
-again finds its run and continues it: results already recorded are kept and skipped. A run whose
-process died (SIGKILL, power loss) is still `running` in the store; the next `start_run` or
-`mark_interrupted` turns it `interrupted`, with everything it recorded intact.
+again finds its run and continues it: results already recorded are kept, and a result recorded
+again for the same attempt replaces the earlier one and every other trajectory of that attempt
+(evaluation redoes the attempts the machine failed, `orchard.eval.runner.to_retry`). A run whose process died
+(SIGKILL, power loss) is still `running` in the store; the next `start_run` or `mark_interrupted`
+turns it `interrupted`, with everything it recorded intact. Deleting a run takes its folder of
+files with it.
 """
 
 from __future__ import annotations
@@ -77,9 +80,25 @@ def finish_run(
 
 
 def add_result(result: ResultRecord, *, store: Store | None = None) -> None:
-    """Record one graded attempt (replacing an earlier record of the same attempt)."""
+    """Record one graded attempt, replacing an earlier record of the same attempt (a retry of one
+    the machine failed) and every trajectory of that attempt but its own: the earlier record's,
+    and any an attempt abandoned at Ctrl-C saved with no result. An attempt has one of each."""
+    from sqlmodel import delete
+
+    from orchard.store import StepRecord, TrajectoryRecord
+
     with session(store) as db:
         db.merge(result)
+        stale = select(TrajectoryRecord.id).where(
+            TrajectoryRecord.run_id == result.run_id,
+            TrajectoryRecord.instance_id == result.instance_id,
+            TrajectoryRecord.harness == result.harness,
+            TrajectoryRecord.sample == result.sample,
+        )
+        if result.trajectory_id:
+            stale = stale.where(col(TrajectoryRecord.id) != result.trajectory_id)
+        db.exec(delete(StepRecord).where(col(StepRecord.trajectory_id).in_(stale)))
+        db.exec(delete(TrajectoryRecord).where(col(TrajectoryRecord.id).in_(stale)))
 
 
 def results_of(run_id: str, *, store: Store | None = None) -> list[ResultRecord]:
@@ -135,7 +154,10 @@ def list_runs(*, kind: str | None = None, status: str | None = None, store: Stor
 
 
 def delete_run(run_id: str, *, store: Store | None = None) -> bool:
-    """Delete a run with its results, metrics, trajectories and their steps; False if unknown."""
+    """Delete a run with its results, metrics, trajectories and their steps, and its folder of
+    files; False if unknown."""
+    import shutil
+
     from sqlmodel import delete
 
     from orchard.store import StepRecord, TrajectoryRecord
@@ -150,6 +172,10 @@ def delete_run(run_id: str, *, store: Store | None = None) -> bool:
         db.exec(delete(ResultRecord).where(col(ResultRecord.run_id) == run_id))
         db.exec(delete(MetricRecord).where(col(MetricRecord.run_id) == run_id))
         db.delete(run)
+    runs = (store or Store.open()).runs
+    folder = runs / run_id
+    if folder.resolve().parent == runs.resolve():  # a run id is one name, never a way out of the folder
+        shutil.rmtree(folder, ignore_errors=True)
     return True
 
 

@@ -83,6 +83,18 @@ class TrajectoryRow:
 
 
 @dataclass(frozen=True)
+class ResultRow:
+    """One graded attempt of a run, and where its files are in the run's folder."""
+
+    instance_id: str
+    harness: str
+    sample: int
+    outcome: str
+    files: str | None
+    """Relative to the run's folder (`logs/<instance_id>`); None for results recorded before runs kept files."""
+
+
+@dataclass(frozen=True)
 class RunView:
     """One run: what it was asked, how it went, its metrics, results and trajectories."""
 
@@ -105,6 +117,8 @@ class RunView:
     harnesses: list[HarnessRow]
     trajectories: list[TrajectoryRow]
     """By task."""
+    results: list[ResultRow]
+    """By task, harness and sample."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +207,12 @@ def run_view(run_id: str, *, store: Store | None = None) -> RunView | None:
             .order_by(col(TrajectoryRecord.instance_id))
         )
         listed = [TrajectoryRow(t.id, t.instance_id, t.harness, t.status, t.outcome, t.steps) for t in trajectories]
+        graded_rows = db.exec(
+            select(ResultRecord)
+            .where(ResultRecord.run_id == run_id)
+            .order_by(col(ResultRecord.instance_id), col(ResultRecord.harness), col(ResultRecord.sample))
+        )
+        results = [ResultRow(r.instance_id, r.harness, r.sample, r.outcome, _files(r.grade)) for r in graded_rows]
     summary = json.loads(run.summary or "{}")
     return RunView(
         id=run.id,
@@ -220,11 +240,22 @@ def run_view(run_id: str, *, store: Store | None = None) -> RunView | None:
             for harness, row in summary.get("harnesses", {}).items()
         ],
         trajectories=listed,
+        results=results,
     )
 
 
+def _files(grade: str) -> str | None:
+    try:
+        files = json.loads(grade or "{}").get("files")
+    except (ValueError, AttributeError):
+        return None
+    return files if isinstance(files, str) else None
+
+
 def show_run(run_id: str, *, store: Store | None = None) -> str:
-    """The text of `orchard runs show`: one `field    value` line each (NotFound for no such run)."""
+    """The text of `orchard runs show`: one `field    value` line each (NotFound for no such run),
+    then, for a run that grades, its folder and a line per attempt: task, harness/sample, outcome,
+    and its files in the folder."""
     view = run_view(run_id, store=store)
     if view is None:
         raise NotFound(f"no run {run_id!r} (`orchard runs ls` lists them)")
@@ -247,6 +278,12 @@ def show_run(run_id: str, *, store: Store | None = None) -> str:
     for metric in view.metrics:
         step, value = metric.points[-1]
         lines.append(f"metric   {metric.name}: {value:.6g} at step {step} ({len(metric.points)} points)")
+    if view.results:
+        lines.append(f"folder   {(store or Store.open()).runs / view.id}")
+        cells = [(r.instance_id, f"{r.harness}/{r.sample}", r.outcome, r.files or "-") for r in view.results]
+        widths = [max(len(row[i]) for row in cells) for i in range(4)]
+        for row in cells:
+            lines.append("attempt  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ worth learning from.
 Two estimators share one interface (`values(trajectory) -> {state index: value}`):
 
 * `ReplayEstimator` (objective, offline): the trajectory is played again through the one attempt
-  flow (`orchard.eval.attempt.play`), its model being its own recorded replies, in a fresh
+  flow (`orchard.eval.attempt.played`), its model being its own recorded replies, in a fresh
   sandbox of the task's image through its harness; after each step the task's submission is
   taken and its kind's `progress` is the value of that state (SWE: the share of FAIL_TO_PASS
   tests the working tree's diff makes pass, graded in another fresh sandbox once per distinct diff).
@@ -129,7 +129,7 @@ class ReplayEstimator:
     def values(self, trajectory: TrajectoryRecord, steps: list[StepRecord], task: TaskBase) -> dict[int, float]:
         from orchard.agents.loop import Limits
         from orchard.agents.models import RecordedModel
-        from orchard.eval.attempt import play
+        from orchard.eval.attempt import played
 
         known: dict[int, float] = {0: 0.0}
 
@@ -138,7 +138,7 @@ class ReplayEstimator:
 
         replay = RecordedModel(json.loads(trajectory.messages))
         limits = Limits(max_steps=len(replay.replies) + 1, max_seconds=float("inf"), max_format_errors=10**9)
-        play(task, trajectory.harness, replay, self.client, self.image, limits=limits, on_step=measure)
+        played(task, trajectory.harness, replay, self.client, self.image, limits=limits, on_step=measure)
         return known
 
     def _progress(self, task: TaskBase, submission: str) -> float:
