@@ -159,6 +159,11 @@ def status() -> None:
     if engine:
         base = images.image_exists(BASE_IMAGE)
         typer.echo(f"base image    : {BASE_IMAGE if base else 'missing (orchard image build-base)'}")
+        others = [release for release in images.RELEASES if images.base_tag(release) != BASE_IMAGE]
+        missing = [release for release in others if not images.image_exists(images.base_tag(release))]
+        built = [images.base_tag(release) for release in others if release not in missing]
+        hint = [f"missing {r} (orchard image build-base --release {r})" for r in missing]
+        typer.echo(f"other Pythons : {', '.join([*built, *hint])}")
     service = running_service()
     if service:
         with _service_client() as client:
@@ -193,13 +198,19 @@ def _service_client():
 
 @command(image_app, "build-base")
 def image_build_base(
-    tag: Annotated[str, typer.Option(metavar="TAG", help="Image tag to create.")] = BASE_IMAGE,
+    release: Annotated[
+        Literal["bullseye", "bookworm", "trixie"],
+        typer.Option(help="Debian release: bullseye (Python 3.9), bookworm (3.11) or trixie (3.13)."),
+    ] = "bookworm",
+    tag: Annotated[
+        str | None, typer.Option(metavar="TAG", help="Image tag to create (default orchard/base:RELEASE).")
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
 ) -> None:
     """Build a minimal Debian image (python3, git, bash) from debootstrap + docker import: no registry."""
     from orchard.env import images
 
-    typer.echo(images.build_base(tag, force=force, log=typer.echo))
+    typer.echo(images.build_base(tag, release=release, force=force, log=typer.echo))
 
 
 @command(image_app, "build-busybox")

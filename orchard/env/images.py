@@ -1,9 +1,13 @@
 """Base images built offline: no registry, only a Debian mirror (or nothing at all).
 
-* `build_base()` makes `orchard/base:bookworm`, a minimal Debian bookworm with python3, pytest,
-  git, patch, bash and ca-certificates (enough to build and test Python repositories offline):
-  `debootstrap --variant=minbase` into a root filesystem kept under
-  `settings().cache_dir / "rootfs"`, then `docker import` of that tree (about 45 s the first time).
+* `build_base()` makes `orchard/base:<release>` (`RELEASES`: bullseye ships Python 3.9, bookworm
+  3.11, trixie 3.13; bookworm is the default), a minimal Debian with python3, pytest, git, patch,
+  bash and ca-certificates (enough to build and test Python repositories offline; task images put
+  a venv on top, `orchard.tasks.environments`): `debootstrap --variant=minbase` into a root
+  filesystem kept under `settings().cache_dir / "rootfs"`, then `docker import` of that tree
+  (45 s to 2 min the first time, per release; about 10 s from the cached tree). The image's
+  labels say its release, Python and glibc versions (`base_facts`): task images pick wheels by
+  them.
 * `build_busybox()` makes `orchard/busybox:static`, an image that holds only Debian's static
   busybox and its applet links: no Python, no libc, no bash. It needs no network (about 1 s).
 
@@ -40,9 +44,23 @@ Log = Callable[[str], None]
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 SUITE = "bookworm"
+"""The release whose entry in the host's apt sources names the mirror (it serves every release)."""
+RELEASES = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13"}
+"""The Debian releases a base image is built from, and the Python each ships."""
+DEFAULT_RELEASE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-pytest", "git", "bash", "ca-certificates", "patch")
-"""What the base image holds beyond minbase: enough to build and test Python repositories offline."""
+"""What the base image holds beyond minbase: enough to build and test Python repositories offline.
+No compiler (gcc, libc6-dev and python3-dev would add about 150-230 MiB to each release's ~270 MB):
+a source distribution that needs one fails its task image's build, naming the package."""
+RELEASE_PACKAGES = {"bullseye": ("python3-distutils",)}
+"""What a release's python3 lacks of the standard library that pip and setuptools need there
+(from 3.12 on there is no distutils)."""
 PACKAGES_LABEL = "org.orchard.base-packages"
+RELEASE_LABEL = "org.orchard.base-release"
+PYTHON_LABEL = "org.orchard.base-python"
+"""The full version of the base image's python3 (`3.9.2`)."""
+GLIBC_LABEL = "org.orchard.base-glibc"
+"""Its C library's version (`2.31`): the newest manylinux wheels it runs."""
 BUSYBOX = Path("/bin/busybox")
 LABEL = "org.orchard.built-by=orchard"
 SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -90,9 +108,13 @@ def _image_labels(client: docker.DockerClient, tag: str) -> dict[str, str]:
         return {}
 
 
-def _packages_key() -> str:
-    """Names the package set of the base image, so a changed set rebuilds it."""
-    return hashlib.sha256(",".join(BASE_PACKAGES).encode()).hexdigest()[:12]
+def _packages(release: str) -> tuple[str, ...]:
+    return (*BASE_PACKAGES, *RELEASE_PACKAGES.get(release, ()))
+
+
+def _packages_key(release: str = DEFAULT_RELEASE) -> str:
+    """Names the package set of a base image, so a changed set rebuilds it."""
+    return hashlib.sha256(",".join(_packages(release)).encode()).hexdigest()[:12]
 
 
 def import_rootfs(client: docker.DockerClient, tar: Path | bytes, tag: str, changes: Iterable[str]) -> str:
@@ -150,22 +172,33 @@ def _changes(cmd: list[str], path: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
+def base_tag(release: str = DEFAULT_RELEASE) -> str:
+    """The tag of the base image of a Debian release."""
+    return f"orchard/base:{release}"
+
+
 def build_base(
-    tag: str = "orchard/base:bookworm",
+    tag: str | None = None,
     *,
+    release: str = DEFAULT_RELEASE,
     force: bool = False,
     mirror: str | None = None,
     log: Log | None = None,
 ) -> str:
-    """Build (or reuse) the minimal Debian bookworm image of `BASE_PACKAGES`; return `tag`.
+    """Build (or reuse) the minimal Debian `release` image of `BASE_PACKAGES` (and its
+    `RELEASE_PACKAGES`); return its tag, `base_tag(release)` unless `tag` is given.
 
     Needs root and debootstrap on the host, and a reachable Debian mirror (the host's own, from
     its apt sources, unless `mirror` is given). The root filesystem is cached, so a rebuild with
     `force=True` only re-imports it.
     """
-    say = log or _quiet
+    if release not in RELEASES:
+        raise ConfigError(f"no Debian release {release!r}: choose one of {', '.join(RELEASES)}")
+    tag = tag or base_tag(release)
+    say = log or quiet
     with closing(docker_client()) as client, _build_lock(tag):
-        if not force and _image_labels(client, tag).get(PACKAGES_LABEL) == _packages_key():
+        labels = _image_labels(client, tag)
+        if not force and labels.get(PACKAGES_LABEL) == _packages_key(release) and labels.get(RELEASE_LABEL) == release:
             return tag
         if os.geteuid() != 0:
             raise ConfigError(
@@ -173,19 +206,43 @@ def build_base(
                 "run as root once, or pass an existing image"
             )
         started = time.monotonic()
-        rootfs = ensure_rootfs(mirror or find_mirror(), log=say)
-        say(f"importing {rootfs} as {tag}")
+        rootfs = ensure_rootfs(mirror or find_mirror(), release=release, log=say)
+        python, glibc = _installed_versions(rootfs)
+        say(f"importing {rootfs} as {tag} (Python {python}, glibc {glibc})")
         with _tarball(rootfs) as tar:
-            changes = [*_changes(["/bin/bash"], SEARCH_PATH), f"LABEL {PACKAGES_LABEL}={_packages_key()}"]
+            changes = [
+                *_changes(["/bin/bash"], SEARCH_PATH),
+                f"LABEL {PACKAGES_LABEL}={_packages_key(release)} {RELEASE_LABEL}={release}",
+                f"LABEL {PYTHON_LABEL}={python} {GLIBC_LABEL}={glibc}",
+            ]
             import_rootfs(client, tar, tag, changes)
         say(f"built {tag} in {time.monotonic() - started:.0f} s")
     return tag
 
 
-def ensure_rootfs(mirror: str, *, log: Log | None = None) -> Path:
-    """Return a finished debootstrap tree for `mirror`, running debootstrap only when needed."""
-    say = log or _quiet
-    folder = settings().cache_dir / "rootfs" / f"debian-{SUITE}-minbase-{_packages_key()}"
+def base_facts(labels: dict[str, str]) -> tuple[str, str] | None:
+    """(Python version, glibc version) of a base image, from its labels; None for an image that
+    was not built by `build_base` (or by an older Orchard: rebuild it)."""
+    python, glibc = labels.get(PYTHON_LABEL), labels.get(GLIBC_LABEL)
+    return (python, glibc) if python and glibc else None
+
+
+def _installed_versions(rootfs: Path) -> tuple[str, str]:
+    """The upstream versions of python3 and libc6 in a Debian tree, from its dpkg database."""
+    status = (rootfs / "var/lib/dpkg/status").read_text(errors="replace")
+    versions = dict(re.findall(r"^Package: (\S+)\n(?:[^\n]+\n)*?Version: (?:\d+:)?([^\s-]+)", status, re.MULTILINE))
+    python = next((v for k, v in versions.items() if re.fullmatch(r"python3\.\d+-minimal", k)), None)
+    glibc = versions.get("libc6")
+    if python is None or glibc is None:
+        raise ConfigError(f"{rootfs} has no python3 or libc6 in its dpkg database: remove it and build again")
+    return python, glibc
+
+
+def ensure_rootfs(mirror: str, *, release: str = DEFAULT_RELEASE, log: Log | None = None) -> Path:
+    """Return a finished debootstrap tree of `release` from `mirror`, running debootstrap only
+    when needed."""
+    say = log or quiet
+    folder = settings().cache_dir / "rootfs" / f"debian-{release}-minbase-{_packages_key(release)}"
     rootfs, done = folder / "root", folder / ROOTFS_DONE
     if done.is_file() and rootfs.is_dir():
         say(f"reusing root filesystem {rootfs}")
@@ -198,8 +255,8 @@ def ensure_rootfs(mirror: str, *, log: Log | None = None) -> Path:
     argv = [
         debootstrap,
         "--variant=minbase",
-        f"--include={','.join(BASE_PACKAGES)}",
-        SUITE,
+        f"--include={','.join(_packages(release))}",
+        release,
         str(rootfs),
         mirror,
     ]
@@ -288,7 +345,8 @@ def _tarball(rootfs: Path) -> Iterator[Path]:
 
 
 def find_mirror(roots: Iterable[Path] = (Path("/etc/apt"),)) -> str:
-    """The host's Debian mirror for bookworm, from its apt sources; the default one otherwise.
+    """The host's Debian mirror (for bookworm, and so for every release), from its apt sources;
+    the default one otherwise.
 
     Reads `sources.list` and `sources.list.d/*.list` (one-line format) and
     `sources.list.d/*.sources` (deb822); the first `deb` entry whose suites include `bookworm` wins.
@@ -389,5 +447,5 @@ def _add(tar: tarfile.TarFile, name: str, kind: bytes, mode: int, data: bytes = 
     tar.addfile(info, io.BytesIO(data) if data else None)
 
 
-def _quiet(_line: str) -> None:
+def quiet(_line: str) -> None:
     """A log that drops everything."""

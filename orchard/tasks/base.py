@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from orchard.errors import ConfigError
 
@@ -74,6 +74,10 @@ class Grade:
     duration: float = 0.0
     suspicious: list[str] = field(default_factory=list)
     """Why the attempt looks like it reaches for the grader; empty when nothing does."""
+    fault: Literal["task", "machine"] | None = None
+    """Whose an `error` is: `task` (broken: its test patch does not apply, no test runs even
+    without the patch; trying again finds the same), or `machine` (a sandbox died, a server went
+    away: a resumed run tries again). An `error` that names none is the machine's."""
 
     @property
     def resolved(self) -> bool:
@@ -89,9 +93,13 @@ class Prepare:
 
     repos: str | Path | None = None
     """A folder of git repositories (`DIR/owner/name` or `DIR/owner__name`), for SWE tasks."""
+    image_source: str = "build"
+    """`build`: images built offline; `swebench`: SWE-bench's published instance images."""
     _mirror: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.image_source not in ("build", "swebench"):
+            raise ConfigError(f"image source {self.image_source!r} is neither build nor swebench")
         if self.repos is not None:
             self.mirror()  # a wrong folder is one error now, not one per task
 
@@ -120,6 +128,14 @@ class TaskBase(BaseModel):
     kind: str
     problem_statement: str
     workdir: str = "/workspace"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _none_is_default(cls, data: Any) -> Any:
+        """`None` means "the default": a Hugging Face dataset fills a row's missing fields with it."""
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
     def public(self) -> dict[str, Any]:
         return {"instance_id": self.instance_id, "problem_statement": self.problem_statement, "workdir": self.workdir}

@@ -1,128 +1,314 @@
-"""Task images, built offline: the base image plus the repository at `base_commit`.
+"""Task images, built offline: a base image with the task's Python, its dependencies from a
+wheelhouse, and the repository at `base_commit`.
 
-Repositories come from a local mirror folder (`--repos DIR`: `DIR/owner/name`, `DIR/owner__name`
-or `DIR/name`, any git repository, bare or not) or are cloned from GitHub into the cache where a
-network exists. The image is built with `docker build` and no network (`COPY` the checkout, then
-the task's `install` commands), tagged by a hash of everything it is made of, so tasks sharing a
-repository and commit share one image and a second build is a no-op.
+What an image holds is the task's `Environment` (`SWETask.environment()`: SWE-bench's spec, the
+row's fields on top), made as SWE-bench's harness makes it, offline. The repository comes from a
+`RepoMirror` (`orchard.tasks.repos`); dependencies are resolved on the host into a wheelhouse
+(`orchard.tasks.wheelhouse`), where nothing the repository names runs.
+
+* **Python.** The base image is the Debian release that ships the Python the task asks for
+  (`orchard.env.images.RELEASES`: 3.9 bullseye, 3.11 bookworm, 3.13 trixie; `orchard image
+  build-base --release R`). A Python none of them offers runs on the nearest (a tie goes to the
+  older one), with a warning in the build log and on the image (`image_warnings`). A task without
+  a Python gets bookworm, as before; a missing base image is an error naming the command that
+  builds it.
+* **Dependencies.** The requirements file read from the mirror at `environment_setup_commit` (at
+  `base_commit`, with a warning, where the mirror lacks that commit), its `-r` includes merged one
+  level as SWE-bench does; the spec's (conda) `packages` and its `environment.yml`, installed with
+  pip under the same names (`conda_requirement`); its `pip_packages`; pip, setuptools and wheel;
+  the build backend the repository's `pyproject.toml` names; and the repository's own
+  dependencies (with the extras `install` names), read from its metadata by pip in a first image
+  stage, with no network there, and resolved under what that stage has installed. A line of a
+  requirements file or an environment file that is not a plain requirement (a direct reference,
+  an option) or that does not build here (it needs a C compiler) is left out with a warning, and
+  so is a conda package with no distribution at all; anything else missing is one error naming
+  the package.
+* **The image.** `docker build` with no network: a venv at `VENV` first on PATH (so `python`,
+  `pip` and `pytest` are the task's, for the agent's shell and the grader alike), the wheelhouse at
+  `WHEELHOUSE` with `PIP_NO_INDEX=1` and `PIP_FIND_LINKS` (so the grader's re-run of `install` is
+  offline too), then requirements, packages and pip packages in SWE-bench's order, the
+  repository (`repos.checkout`: nothing newer than `base_commit`), `pre_install` (lines that need
+  the network, `apt-get ...`, skipped; lines that fail, recorded; the build goes on) and `install`.
+
+Tasks without a spec and with nothing to install (the example tasks) get the image they always
+had: the base, the checkout, their own `install`. The tag is a hash of what the image is made of
+(`FORMAT`, the base, the repository, its commits, the commit its environment files were read at,
+the version and the environment less its grading fields), so tasks sharing them share one image
+and a second build is a no-op; what a build read and warned about is in its labels
+(`org.orchard.task.*`).
+
+`task_image(..., source="swebench")` (`orchard eval --image-source swebench`) builds nothing: it
+takes SWE-bench's published instance image (`swebench_image_name`: the repository at `/testbed`,
+the `testbed` conda env that `specs.CONDA_ACTIVATE` turns on) from the engine, or pulls it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import platform
 import re
-import shutil
-import subprocess
+import secrets
+import shlex
 import tempfile
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import closing, suppress
 from pathlib import Path
+from typing import Any
 
-from orchard.config import BASE_IMAGE, settings
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from orchard.env import images
 from orchard.errors import ConfigError, ImageNotFound, SandboxError
+from orchard.tasks import repos
+from orchard.tasks.repos import RepoMirror, lock_for
+from orchard.tasks.specs import Environment
 from orchard.tasks.swe import SWETask
+from orchard.tasks.wheelhouse import (
+    NAME,
+    TOOLS,
+    MissingWheel,
+    Project,
+    SourceBuildFailed,
+    Target,
+    Wheel,
+    Wheelhouse,
+    build_system_requires,
+    docker_build,
+    fetch,
+    plain,
+    quiet,
+    reason,
+    split_vetted,
+    venv_bootstrap,
+)
 
-FORMAT = 1
+Log = Callable[[str], None]
+
+FORMAT = 3
 """Bump when the image recipe changes, so older images are not reused."""
 LABEL_PREFIX = "org.orchard.task."
-GIT_TIMEOUT_S = 600
+WARNINGS_LABEL = LABEL_PREFIX + "warnings"
+"""A JSON list of what the image is not as the task asked (another Python, skipped steps)."""
 
-_build_locks: dict[str, threading.Lock] = {}
-_build_locks_guard = threading.Lock()
+PYTHON_RELEASES = {python: release for release, python in images.RELEASES.items()}
+"""The Debian release whose base image offers each Python."""
+VENV = "/opt/orchard/venv"
+WHEELHOUSE = "/opt/orchard/wheels"
+PRE_INSTALL_FAILED = "orchard: pre_install failed: "
+NETWORK_COMMAND = re.compile(r"(^|[\s;&|(])(apt-get|apt|wget|curl)(\s|$)")
+SWEBENCH_NAMESPACE = "swebench"
+SWEBENCH_WORKDIR = "/testbed"
+GRADING_FIELDS = ("test_cmd", "eval_commands", "parser")
+"""The environment's fields that change how a task is graded, not its image."""
+
+# ---------------------------------------------------------------------------------------------
+# which base image, which Python
+# ---------------------------------------------------------------------------------------------
 
 
-class RepoMirror:
-    """Finds a task's repository: in a local mirror folder, else cloned once into the cache."""
+def choose_release(python: str | None) -> tuple[str, str | None]:
+    """The Debian release whose Python a task runs on, and a warning when that is not the Python
+    it asked for (the nearest offered; a tie goes to the older, whose test names match rows made
+    under older Pythons)."""
+    if python is None:
+        return images.DEFAULT_RELEASE, None
+    if python in PYTHON_RELEASES:
+        return PYTHON_RELEASES[python], None
+    wanted = _minor(python)
+    nearest = min(PYTHON_RELEASES, key=lambda offered: (abs(_minor(offered) - wanted), _minor(offered)))
+    release = PYTHON_RELEASES[nearest]
+    return release, (
+        f"wants Python {python}, which no base image offers: it runs on Python {nearest} "
+        f"({images.base_tag(release)}), the nearest"
+    )
 
-    def __init__(self, root: str | Path | None = None, *, clone: bool = True):
-        self.root = Path(root).expanduser() if root else None
-        if self.root is not None and not self.root.is_dir():
-            raise ConfigError(f"--repos {self.root} is not a folder")
-        self.clone = clone
 
-    def candidates(self, repo: str) -> list[Path]:
-        owner, name = repo.split("/")
-        if self.root is None:
-            return []
-        names = [f"{owner}/{name}", f"{owner}__{name}", f"{owner}__{name}.git", name, f"{name}.git"]
-        return [self.root / each for each in names]
+def _minor(version: str) -> int:
+    return int(version.split(".")[1])
 
-    def path(self, repo: str) -> Path:
-        """A local git repository holding `repo` (one clone at a time per repository)."""
-        with _lock_for(f"repo:{repo}"):
-            return self._path(repo)
 
-    def _path(self, repo: str) -> Path:
-        for candidate in self.candidates(repo):
-            if _is_git_repo(candidate):
-                return candidate
-        cached = settings().cache_dir / "repos" / repo.replace("/", "__")
-        if _is_git_repo(cached):
-            return cached
-        looked = ", ".join(str(p) for p in self.candidates(repo)) or "no --repos folder given"
-        if not self.clone:
-            raise ConfigError(f"repository {repo} not found (looked in {looked})")
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        temp = cached.with_name(cached.name + ".partial")
-        shutil.rmtree(temp, ignore_errors=True)
+def image_warnings(image: str) -> list[str]:
+    """What a task image is not as its task asked (another Python, skipped `pre_install` lines,
+    requirements read at another commit), from its labels; [] for an image without any."""
+    import docker
+    import docker.errors
+
+    with closing(docker.from_env(timeout=60)) as client:
         try:
-            _git("clone", "--quiet", "--mirror", f"https://github.com/{repo}.git", str(temp))
-        except ConfigError as exc:
-            shutil.rmtree(temp, ignore_errors=True)
-            raise ConfigError(
-                f"repository {repo} not found (looked in {looked}) and cloning it failed: {exc}; "
-                "pass --repos DIR with a local copy"
-            ) from None
-        try:
-            temp.rename(cached)
-        except OSError as exc:
-            raise ConfigError(f"could not store the clone of {repo} in {cached}: {exc}") from None
-        return cached
+            labels = client.images.get(image).labels or {}
+        except docker.errors.ImageNotFound:
+            raise ImageNotFound(f"image {image} is not on this engine") from None
+    return list(json.loads(labels.get(WARNINGS_LABEL) or "[]"))
 
 
-def _is_git_repo(path: Path) -> bool:
-    return (path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())
+# ---------------------------------------------------------------------------------------------
+# what an environment installs, as SWE-bench's harness reads it
+# ---------------------------------------------------------------------------------------------
 
 
-def _git(*args: str, cwd: Path | None = None) -> str:
+def merged_requirements(read: Callable[[str], str | None], paths: Iterable[str]) -> tuple[str, str] | None:
+    """SWE-bench's requirements text (`get_requirements_by_commit` + `clean_requirements`): the
+    first of `paths` that `read` finds, its `-r` includes merged one level (before its own lines),
+    `-e .`, `.[test...` and comment lines dropped, then SWE-bench's own `clean_requirements`
+    (yanked packages replaced). Returns (text, path)."""
+    for path in paths:
+        text = read(path)
+        if text is not None:
+            break
+    else:
+        return None
+    folder = path.rpartition("/")[0]
+    own: list[str] = []
+    included: list[str] = []
+    for line in text.split("\n"):
+        if line.strip().startswith("-r"):
+            name = line.strip()[len("-r") :].strip()
+            extra = read(f"{folder}/{name}" if folder else name)
+            included += [each for each in (extra or "").split("\n") if not _dropped(each)]
+        elif not _dropped(line):
+            own.append(line)
+    from swebench.harness.test_spec.python import clean_requirements
+
+    return clean_requirements("\n".join([*included, "\n".join(own)])), path
+
+
+def _dropped(line: str) -> bool:
+    return line.strip().startswith(("-e .", "#", ".[test"))
+
+
+CONDA_BARE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)=(?P<version>[^=<>!~\s]+)(?:=(?P<build>\S+))?$")
+
+
+def conda_requirement(spec: str) -> str:
+    """A conda package spec as a pip requirement: `channel::` dropped, bare `name=1.2` (conda's
+    `1.2.*`) as `name==1.2.*`, `name=1.2=build` as `name==1.2`; anything else (`name>=1.2`,
+    `name >=1.2,<2`, `name==1.2`) is already pip's syntax and passes as it is."""
+    text = spec.strip().split("::", 1)[-1].strip()
+    bare = CONDA_BARE.match(text)
+    if bare is None:
+        return text
+    version = bare["version"]
+    if bare["build"]:
+        return f"{bare['name']}=={version}"
+    return f"{bare['name']}=={version.removesuffix('*').removesuffix('.')}.*"
+
+
+def environment_yml_requirements(text: str, *, what: str = "environment.yml") -> list[str]:
+    """A conda environment file's packages as pip requirements (`conda_requirement`; `python` and
+    `pip` themselves are the image's): an approximation, as for `packages`. Lines are returned
+    as they are: the caller vets them."""
+    import yaml
+    from swebench.harness.test_spec.python import clean_environment_yml
+
     try:
-        done = subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False
-        )
-    except FileNotFoundError:
-        raise ConfigError("git is not installed on this host") from None
-    except subprocess.TimeoutExpired:
-        raise ConfigError(f"git {args[0]} took more than {GIT_TIMEOUT_S} s") from None
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines()
-        raise ConfigError(f"git {args[0]} failed: {lines[-1] if lines else f'exit {done.returncode}'}")
-    return done.stdout
+        data = yaml.safe_load(clean_environment_yml(text))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} is not YAML: {' '.join(str(exc).split())[:200]}") from None
+    if data is None:
+        return []
+    if not isinstance(data, dict) or not isinstance(data.get("dependencies") or [], list):
+        raise ConfigError(f"{what} is not a conda environment file (a mapping with a `dependencies` list)")
+    requirements: list[str] = []
+    for entry in data.get("dependencies") or []:
+        if isinstance(entry, dict):
+            pip = entry.get("pip") or []
+            requirements += [str(each) for each in pip] if isinstance(pip, list) else []
+            continue
+        requirement = conda_requirement(str(entry))
+        name = re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0]
+        if name and canonicalize_name(name) not in ("python", "pip"):
+            requirements.append(requirement)
+    return requirements
 
 
-def image_tag(task: SWETask, base_id: str) -> str:
-    """The tag of the image for `task`: named by repo, keyed by what it is built from."""
+def build_requirements(checkout: Path) -> list[str]:
+    """What pip installs to build the repository: its `pyproject.toml`'s `[build-system] requires`,
+    or setuptools and wheel (pip's default) where it names none."""
+    try:
+        text: str | None = (checkout / "pyproject.toml").read_text()
+    except (OSError, UnicodeDecodeError):
+        text = None
+    return build_system_requires(text)
+
+
+def install_extras(install: Iterable[str]) -> list[str]:
+    """The extras an `install` command asks of the repository (`pip install -e .[test]`)."""
+    extras: list[str] = []
+    for command in install:
+        for group in re.findall(r"""(?:^|[\s'"])\.\[([^\]]+)\]""", command):
+            extras += [each.strip() for each in group.split(",") if each.strip()]
+    return list(dict.fromkeys(extras))
+
+
+def _wants_venv(env: Environment) -> bool:
+    """Whether the image gets a venv and a wheelhouse: anything SWE-bench's spec installs. A row
+    with no spec and nothing to install keeps the base image's Python and its pytest."""
+    return bool(env.source != "row" or env.requirements or env.environment_yml or env.packages or env.pip_packages)
+
+
+def _packages(words: Iterable[str]) -> list[str]:
+    """Spec package words as requirements (a spec may quote them: `'numpy==1.19.2'`)."""
+    return [word.strip("'\"") for word in words if word.strip("'\"")]
+
+
+# ---------------------------------------------------------------------------------------------
+# task images
+# ---------------------------------------------------------------------------------------------
+
+
+def setup_commit(task: SWETask, source: Path | None) -> tuple[str, str, str | None]:
+    """The commit SWE-bench reads the environment files at, as (commit, description, warning):
+    the row's `environment_setup_commit`, or `base_commit` (with a warning) where the mirror
+    `source` lacks it (None: not looked at, nothing is read)."""
+    wanted = task.environment_setup_commit or task.base_commit
+    if wanted == task.base_commit or source is None or repos.has_commit(source, wanted):
+        kind = "environment_setup_commit" if task.environment_setup_commit else "base_commit"
+        return wanted, f"{wanted[:12]} ({kind})", None
+    warning = (
+        f"task {task.instance_id}: environment_setup_commit {wanted[:12]} is not in the mirror "
+        f"{source}; its environment files are read at base_commit {task.base_commit[:12]}"
+    )
+    return (
+        task.base_commit,
+        f"{task.base_commit[:12]} (base_commit; environment_setup_commit not in the mirror)",
+        warning,
+    )
+
+
+def image_tag(task: SWETask, base_id: str, read_at: str | None = None) -> str:
+    """The tag of the image for `task`: named by repo, keyed by what it is built from (not by how
+    it is graded), `read_at` being the commit its environment files were read at."""
+    environment = {k: v for k, v in dataclasses.asdict(task.environment()).items() if k not in GRADING_FIELDS}
     recipe = {
         "format": FORMAT,
         "base": base_id,
         "repo": task.repo,
         "commit": task.base_commit,
+        "environment_setup_commit": task.environment_setup_commit,
+        "read_at": read_at,
+        "version": task.version,
         "workdir": task.workdir,
-        "install": task.install,
+        "environment": environment,
     }
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
     name = re.sub(r"[^a-z0-9_.-]", "-", task.repo.replace("/", "__").lower())[:96]
     return f"orchard/swe:{name}-{key}"
 
 
-def task_image(
-    task: SWETask,
-    mirror: RepoMirror,
-    *,
-    base_image: str = BASE_IMAGE,
-    log: Callable[[str], None] | None = None,
-) -> str:
-    """The image `task` runs in, built (once) if the task does not name one."""
+def swebench_image_name(task: SWETask) -> str:
+    """SWE-bench's published instance image of `task` (`TestSpec.instance_image_key` of the
+    `swebench` package with the `swebench` namespace)."""
+    arch = "arm64" if platform.machine() in ("aarch64", "arm64") else "x86_64"
+    return f"{SWEBENCH_NAMESPACE}/sweb.eval.{arch}.{task.instance_id.lower()}:latest".replace("__", "_1776_")
+
+
+def task_image(task: SWETask, mirror: RepoMirror, *, source: str = "build", log: Log | None = None) -> str:
+    """The image `task` runs in: the row's `image`; SWE-bench's own with `source="swebench"`
+    (`Prepare` checks it is one of the two); else built (once) from the base image that has its
+    Python."""
     import docker
     import docker.errors
 
@@ -137,19 +323,34 @@ def task_image(
             except docker.errors.ImageNotFound:
                 raise ImageNotFound(f"task {task.instance_id}: image {task.image} is not on this engine") from None
             return task.image
+        if source == "swebench":
+            return _prebuilt(client, task)
+        env = task.environment()
+        release, python_warning = choose_release(env.python)
+        base = images.base_tag(release)
         try:
-            base_id = str(client.images.get(base_image).id)
+            base_id = str(client.images.get(base).id)
         except docker.errors.ImageNotFound:
-            raise ImageNotFound(f"base image {base_image} is missing: run `orchard image build-base`") from None
-        tag = image_tag(task, base_id)
-        with _lock_for(tag):
+            wants = f" (task {task.instance_id} wants Python {env.python})" if env.python else ""
+            raise ImageNotFound(
+                f"base image {base} is missing{wants}: run `orchard image build-base --release {release}`"
+            ) from None
+        reads = env.requirements or env.environment_yml
+        moved = task.environment_setup_commit not in (None, task.base_commit)
+        read_at = setup_commit(task, mirror.path(task.repo) if reads and moved else None)
+        tag = image_tag(task, base_id, read_at[0] if reads else None)
+        with lock_for(tag):
             try:
                 client.images.get(tag)
                 return tag
             except docker.errors.ImageNotFound:
                 pass
+            say = log or quiet
+            warnings = [] if python_warning is None else [f"task {task.instance_id} {python_warning}"]
+            for warning in warnings:
+                say(f"warning: {warning}")
             try:
-                _build(client, task, mirror, base_image, tag, log or (lambda _line: None))
+                _Build(client, task, env, mirror.path(task.repo), read_at, base, tag, warnings, say).run()
             except (OSError, docker.errors.DockerException) as exc:
                 raise SandboxError(f"task {task.instance_id}: building its image failed: {exc}") from None
         return tag
@@ -157,42 +358,295 @@ def task_image(
         client.close()
 
 
-def _lock_for(tag: str) -> threading.Lock:
-    with _build_locks_guard:
-        return _build_locks.setdefault(tag, threading.Lock())
+def _prebuilt(client: Any, task: SWETask) -> str:
+    """SWE-bench's instance image of `task`, from the engine or pulled from its registry."""
+    import docker.errors
+
+    if task.workdir != SWEBENCH_WORKDIR:
+        raise ConfigError(
+            f"task {task.instance_id}: SWE-bench's images hold the repository at {SWEBENCH_WORKDIR}, "
+            f"not at its workdir {task.workdir}"
+        )
+    name = swebench_image_name(task)
+    try:
+        client.images.get(name)
+        return name
+    except docker.errors.ImageNotFound:
+        pass
+    repository, _, tag = name.rpartition(":")
+    try:
+        client.images.pull(repository, tag=tag)
+    except docker.errors.DockerException as exc:
+        explained = str(getattr(exc, "explanation", None) or exc).strip().splitlines()[0]
+        raise ImageNotFound(
+            f"task {task.instance_id}: SWE-bench image {name} is not on this engine and pulling it failed "
+            f"({explained}); pull it where a registry is reachable, or use --image-source build"
+        ) from None
+    return name
 
 
-def _build(client, task: SWETask, mirror: RepoMirror, base_image: str, tag: str, log: Callable[[str], None]) -> None:
-    source = mirror.path(task.repo)
-    with tempfile.TemporaryDirectory(prefix="orchard-task-") as tmp:
-        context = Path(tmp)
-        checkout = context / "repo"
-        _git("clone", "--quiet", "--no-hardlinks", "--no-checkout", str(source), str(checkout))
-        try:
-            _git("checkout", "--quiet", "--detach", task.base_commit, cwd=checkout)
-        except ConfigError:
-            raise ConfigError(f"task {task.instance_id}: commit {task.base_commit} is not in {source}") from None
-        _git("remote", "remove", "origin", cwd=checkout)
+class _Build:
+    """One task image: the checkout, the wheelhouse, then `docker build` with no network, in two
+    stages when the repository is installed (its own dependencies are read from its metadata by
+    pip in the first stage, resolved on the host, and added to the wheelhouse of the second)."""
+
+    def __init__(
+        self, client: Any, task: SWETask, env: Environment, source: Path, read_at: tuple[str, str, str | None],
+        base: str, tag: str, warnings: list[str], log: Log,
+    ):  # fmt: skip
+        self.client, self.task, self.env, self.source, self.read_at = client, task, env, source, read_at
+        self.base, self.tag, self.warnings, self.log = base, tag, warnings, log
+        self.what = f"task {task.instance_id}"
+        self.labels = {LABEL_PREFIX + "repo": task.repo, LABEL_PREFIX + "commit": task.base_commit}
+        self.labels[LABEL_PREFIX + "environment"] = env.source
+
+    def run(self) -> None:
+        with tempfile.TemporaryDirectory(prefix="orchard-task-") as tmp:
+            context = Path(tmp)
+            untagged = self._checkout(context / "repo")
+            if not _wants_venv(self.env):
+                lines = [f"FROM {self.base}", *self._repo_lines(untagged), *(f"RUN {c}" for c in self.env.install)]
+                self._build(context, lines)
+                return
+            target = self._target()
+            house = Wheelhouse(self.client, self.base, target, self.log)
+            self.labels[LABEL_PREFIX + "python"] = target.python
+            self.log(f"resolving {self.task.instance_id}'s dependencies for {target.describe()}")
+            lines, have = self._environment(house, context)
+            lines += self._repo_lines(untagged)
+            kept = self._pre_install()
+            nonce = secrets.token_hex(8)  # the repository's own output cannot forge a failure marker
+            lines += [f"RUN ( {line} ) || echo '{PRE_INSTALL_FAILED}{nonce}-{i}'" for i, line in enumerate(kept)]
+            stage = f"{self.tag}-stage"
+            output = self._build(context, lines, tag=stage, labels={})
+            try:
+                failed = {int(n) for n in re.findall(rf"^{PRE_INSTALL_FAILED}{nonce}-(\d+)$", plain(output), re.M)}
+                for i in sorted(n for n in failed if n < len(kept)):
+                    self._warn(f"{self.what}: pre_install `{kept[i]}` failed; the build went on")
+                later = context / "later"
+                (later / "wheels").mkdir(parents=True)
+                if self.env.install:
+                    self._project_wheels(house, stage, have, later / "wheels")
+                install = [f"FROM {stage}", f"COPY wheels {WHEELHOUSE}", *(f"RUN {c}" for c in self.env.install)]
+                self._build(later, install)
+            finally:
+                self._untag(stage)
+
+    def _target(self) -> Target:
+        facts = images.base_facts(dict(self.client.images.get(self.base).labels or {}))
+        if facts is None:
+            release = self.base.rpartition(":")[2]
+            raise ConfigError(
+                f"base image {self.base} does not say its Python and glibc versions: "
+                f"rebuild it with `orchard image build-base --release {release} --force`"
+            )
+        return Target(*facts)
+
+    def _checkout(self, checkout: Path) -> bool:
+        """Check the repository out at `base_commit`; whether version-from-git tools would find
+        no release tag there."""
+        repos.checkout(self.source, checkout, self.task.base_commit, what=self.what)
+        scm = any(re.match(r"(setuptools|hatch)[-_.](scm|vcs)", r, re.I) for r in build_requirements(checkout))
+        return scm and repos.untagged(checkout, self.task.base_commit)
+
+    def _repo_lines(self, untagged: bool) -> list[str]:
         lines = [
-            f"FROM {base_image}",
-            f"COPY repo {task.workdir}",
-            f"WORKDIR {task.workdir}",
+            f"COPY repo {self.task.workdir}",
+            f"WORKDIR {self.task.workdir}",
             "RUN git config --global user.email agent@orchard.invalid && git config --global user.name agent"
             " && git config --global --add safe.directory '*'",
-            *(f"RUN {command}" for command in task.install),
         ]
+        version = self.task.version
+        if untagged and version and re.fullmatch(r"[0-9][0-9A-Za-z.]*", version):
+            self._warn(
+                f"{self.what}: no release tag is reachable from base_commit in the mirror: "
+                f"version-from-git tools are told the row's version (SETUPTOOLS_SCM_PRETEND_VERSION={version})"
+            )
+            lines.insert(0, f"ENV SETUPTOOLS_SCM_PRETEND_VERSION={version}")
+        return lines
+
+    def _environment(self, house: Wheelhouse, context: Path) -> tuple[list[str], set[str]]:
+        """The Dockerfile lines of the venv and SWE-bench's environment steps, with their wheels
+        resolved and placed in the context; also the files placed."""
+        env, what = self.env, self.what
+        tools = house.resolve(TOOLS, what=f"{what}: {', '.join(TOOLS)}")
+        wheels = [*tools, *house.resolve(build_requirements(context / "repo"), what=f"{what}: build backend")]
+        steps: list[str] = []
+        requirements = self._requirements()
+        if requirements is not None:
+            found, kept = self._resolve_lines(house, requirements.split("\n"), "requirements", (SourceBuildFailed,))
+            wheels += found
+            (context / "requirements.txt").write_text("\n".join(kept) + "\n")
+            steps += [
+                "COPY requirements.txt /opt/orchard/requirements.txt",
+                "RUN python -m pip install -r /opt/orchard/requirements.txt",
+            ]
+        conda, conda_words = self._resolve_lines(house, self._conda_packages(), "packages", (MissingWheel,))
+        pip_words = _packages(env.pip_packages)
+        pip = house.resolve(pip_words, what=f"{what}: pip_packages")
+        for found, words in ((conda, conda_words), (pip, pip_words)):
+            if words:
+                wheels += found
+                steps.append(f"RUN python -m pip install {shlex.join(words)}")
+        fetch(wheels, context / "wheels", house.target, log=self.log)
+        lines = [
+            f"FROM {self.base}",
+            f"COPY wheels {WHEELHOUSE}",
+            f"ENV VIRTUAL_ENV={VENV} PATH={VENV}/bin:{images.SEARCH_PATH} PIP_NO_INDEX=1 PIP_FIND_LINKS={WHEELHOUSE}"
+            " PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1",
+            f"RUN {venv_bootstrap(VENV, WHEELHOUSE, tools)}",
+            *steps,
+        ]
+        return lines, {wheel.filename for wheel in wheels}
+
+    def _resolve_lines(
+        self, house: Wheelhouse, lines: list[str], name: str, leave_out: tuple[type[MissingWheel], ...]
+    ) -> tuple[list[Wheel], list[str]]:
+        """The wheels of the lines of a file the repository (or a spec) gives, and the lines
+        kept: one that is not a plain requirement is left out with a warning, and so is one whose
+        package fails as `leave_out` says (no wheel that builds here, most often: Django's test
+        extras `pywatchman` and `pylibmc` need a C compiler). A failure of a package only a kept
+        line depends on is still an error."""
+        what = f"{self.what}: {name}"
+        kept, refused = split_vetted(lines)
+        for line in refused:
+            self._warn(f"{what}: `{line[:200]}` is not a plain requirement (a direct reference or an option): left out")
+        while True:
+            try:
+                return house.resolve(kept, what=what), kept
+            except leave_out as exc:
+                missing = _name(exc.requirement)
+                fewer = [line for line in kept if _name(line) != missing]
+                if missing is None or len(fewer) == len(kept):
+                    raise
+                self._warn(f"{exc}: left out of the {name}")
+                kept = fewer
+
+    def _requirements(self) -> str | None:
+        """The requirements text SWE-bench would install, read from the mirror."""
+        if not self.env.requirements:
+            return None
+        commit, at = self._read_at()
+        found = merged_requirements(lambda path: repos.show(self.source, commit, path), self.env.requirements)
+        if found is None:
+            raise ConfigError(f"{self.what}: none of {', '.join(self.env.requirements)} is in {self.task.repo} at {at}")
+        text, path = found
+        self.labels[LABEL_PREFIX + "requirements"] = f"{path} at {at}"
+        self.log(f"requirements: {path} at {at}")
+        return text
+
+    def _conda_packages(self) -> list[str]:
+        words = [conda_requirement(word) for word in _packages(self.env.packages)]
+        if self.env.environment_yml:
+            commit, at = self._read_at()
+            paths = self.env.environment_yml
+            found = next(((p, t) for p in paths if (t := repos.show(self.source, commit, p)) is not None), None)
+            if found is None:
+                raise ConfigError(f"{self.what}: none of {', '.join(paths)} is in {self.task.repo} at {at}")
+            words += environment_yml_requirements(found[1], what=f"{self.what}: {found[0]} at {at}")
+        return words
+
+    def _read_at(self) -> tuple[str, str]:
+        commit, at, warning = self.read_at
+        if warning:
+            self._warn(warning)
+        return commit, at
+
+    def _pre_install(self) -> list[str]:
+        """`pre_install` lines that can run offline; the others are skipped with a warning."""
+        kept = []
+        for line in self.env.pre_install:
+            if NETWORK_COMMAND.search(line):
+                self._warn(f"{self.what}: pre_install `{line}` needs the network: skipped")
+            else:
+                kept.append(line)
+        return kept
+
+    def _warn(self, warning: str) -> None:
+        """Record `warning` on the image (once) and say it in the build log."""
+        if warning not in self.warnings:
+            self.warnings.append(warning)
+            self.log(f"warning: {warning}")
+
+    def _project_wheels(self, house: Wheelhouse, stage: str, have: set[str], folder: Path) -> None:
+        """The repository's own dependencies (and those of the extras `install` asks for): its
+        metadata as pip reads it in the stage image (no network: the repository's code runs
+        there, not on the host), resolved here under what the stage has installed (`pip
+        freeze`), so that the versions SWE-bench's steps chose stay; the files not placed yet go
+        to `folder`."""
+        report = self._stage_output(
+            stage, "python -m pip install --dry-run --quiet --no-deps --ignore-installed --report - .", "metadata"
+        )
+        what = f"{self.what}: the repository's dependencies"
+        try:
+            metadata = json.loads(report)["install"][0]["metadata"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise SandboxError(f"{self.what}: pip gave no metadata for the repository") from None
+        project = Project.from_metadata(metadata, install_extras(self.env.install), what)
+        frozen = self._stage_output(stage, "python -m pip freeze --all", "installed packages")
+        pins = [
+            line.strip()
+            for line in frozen.splitlines()
+            if re.fullmatch(r"[A-Za-z0-9._-]+==[A-Za-z0-9.+!_-]+", line.strip())
+            and NAME.fullmatch(line.split("==")[0].strip())
+            and canonicalize_name(line.split("==")[0]) != canonicalize_name(project.name)
+        ]
+        wheels = house.resolve([], what=what, project=project, constraints=pins)
+        wanted = [w for w in wheels if w.filename not in have]
+        self.log(f"{project.name} {project.version} needs {len(wheels)} distribution(s), {len(wanted)} more")
+        fetch(wanted, folder, house.target, log=self.log)
+
+    def _stage_output(self, stage: str, script: str, what: str) -> str:
+        """The stdout of `script` run in the stage image, in the repository, with no network."""
+        import docker.errors
+
+        try:
+            out = self.client.containers.run(
+                stage, ["/bin/sh", "-c", script], working_dir=self.task.workdir, network_mode="none",
+                remove=True, stdout=True, stderr=False,
+            )  # fmt: skip
+        except docker.errors.ContainerError as exc:
+            tail = reason((exc.stderr or b"").decode(errors="replace"))
+            raise SandboxError(
+                f"{self.what}: pip could not read the repository's {what} in its image" + (f": {tail}" if tail else "")
+            ) from None
+        return bytes(out).decode(errors="replace")
+
+    def _build(
+        self, context: Path, lines: list[str], *, tag: str | None = None, labels: dict[str, str] | None = None
+    ) -> str:
+        """Build `context` with `lines` as its Dockerfile, no network; return what it printed."""
+        tag = tag or self.tag
+        if labels is None:
+            labels = {**self.labels, WARNINGS_LABEL: json.dumps(self.warnings)}
         (context / "Dockerfile").write_text("\n".join(lines) + "\n")
-        labels = {LABEL_PREFIX + "repo": task.repo, LABEL_PREFIX + "commit": task.base_commit}
-        log(f"building {tag} ({task.repo} at {task.base_commit[:12]})")
-        output: list[str] = []
-        for chunk in client.api.build(
-            path=str(context), tag=tag, network_mode="none", rm=True, forcerm=True, labels=labels, decode=True
-        ):
-            if "stream" in chunk:
-                output.append(chunk["stream"])
-            if "error" in chunk:
-                tail = "".join(output).strip().splitlines()[-3:]
-                raise SandboxError(
-                    f"task {task.instance_id}: building its image failed: {chunk['error'].strip()}"
-                    + (f" (last output: {' | '.join(tail)})" if tail else "")
-                )
+        self.log(f"building {tag} ({self.task.repo} at {self.task.base_commit[:12]})")
+
+        def failed(error: str, output: str) -> Exception:
+            return SandboxError(f"{self.what}: building its image failed: {_build_failure(error, [output])}")
+
+        return docker_build(self.client, context, tag, failed, labels)
+
+    def _untag(self, tag: str) -> None:
+        import docker.errors
+
+        with suppress(docker.errors.APIError):  # already gone
+            self.client.images.remove(tag)
+
+
+def _name(requirement: str) -> str | None:
+    """The canonical project name a requirement line names, or None."""
+    try:
+        return canonicalize_name(Requirement(requirement).name)
+    except InvalidRequirement:
+        return None
+
+
+def _build_failure(error: str, output: list[str]) -> str:
+    """The reason a build failed, naming a package pip could not find offline."""
+    text = "".join(output)
+    missing = re.findall(r"No matching distribution found for (\S+)", text)
+    if missing:
+        return f"{missing[-1]} is not in the image's wheelhouse and there is no network ({error.strip()})"
+    tail = text.strip().splitlines()[-3:]
+    return error.strip() + (f" (last output: {' | '.join(tail)})" if tail else "")

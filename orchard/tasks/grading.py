@@ -18,15 +18,22 @@ metadata, the runner the test command names, not what the task's own fix changes
 test patch touches is reset too and the test patch applied on top. Git runs with hooks and
 fsmonitor disabled, without system or global configuration, throughout.
 
-FAIL_TO_PASS and PASS_TO_PASS run in one test command (`test_command`): `python -m pytest` starts
-with the working tree at the end of `sys.path`, not the front, and the standard modules pytest
-imports after its import mode has put the root conftest's folder first (`pdb`, `doctest`, ...)
-are imported before (`RUNNER`), so nothing in the tree can stand in for the runner or for them;
-compiled files in the tree (`__pycache__`, `*.pyc`: planted ones would be imported in place
-of their source) are deleted before the run. Each test's outcome is
-read from a JUnit XML report written to a fresh random folder outside the working tree
-(`read_report`; a test the report does not name counts as failed). Resolved means every
-FAIL_TO_PASS and every PASS_TO_PASS test passed in the report *and* the runner exited 0.
+The tests run as SWE-bench's evaluation script runs them (`_run_tests`): the repository's
+`install` again, then its test command with the test directives from the test patch
+(`test_command`: `pytest -rA tests/test_cli.py`, Django's `./tests/runtests.py ... cache.tests`,
+sympy's `bin/test ...`), FAIL_TO_PASS and PASS_TO_PASS in one run. Where the runner is pytest, it
+starts with the working tree at the end of `sys.path`, not the front, and the standard modules
+pytest imports after its import mode has put the root conftest's folder first (`pdb`, `doctest`,
+...) are imported before (`RUNNER`), so nothing in the tree can stand in for the runner or for
+them, and each test's status is read from a JUnit XML report written to a fresh random folder
+outside the working tree (`read_report`), which must agree with the runner's exit status. Other
+runners' output is read with SWE-bench's log parser for the repository (`orchard.tasks.specs`),
+which a test's own output can imitate. Compiled files in the tree (`__pycache__`, `*.pyc`: planted
+ones would be imported in place of their source) are deleted before the run. Resolved is
+SWE-bench's rule: every FAIL_TO_PASS and every PASS_TO_PASS test passed (PASSED or XFAIL) or was
+skipped, none failed, errored or went missing. A run in which no test ran at all is `error` when
+the tests find none without the patch either (the task or its environment is broken), else
+`unresolved` (the patch broke the test run).
 
 Library code runs inside the test process, so a fix can still monkeypatch the tests or the report
 from its own code at import. That is not prevented but flagged: `Grade.suspicious` lists what in
@@ -48,11 +55,13 @@ import secrets
 import shlex
 import time
 import xml.etree.ElementTree as ElementTree
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from orchard.errors import InvalidRequest, NotFound, OrchardError
+from orchard.tasks import specs
 from orchard.tasks.base import Grade as BaseGrade
 from orchard.tasks.base import task_sandbox
 from orchard.tasks.infra import TaskInfra
@@ -67,6 +76,10 @@ PATCH_FILE = "/tmp/orchard-model.patch"
 TEST_PATCH_FILE = "/tmp/orchard-test.patch"
 DEFAULT_TEST_TIMEOUT = 900.0
 REPORT_LIMIT = 32 * 1024 * 1024
+INSTALL_OUTPUT = ">>>>> Install Output"
+START_TEST_OUTPUT = ">>>>> Start Test Output"
+END_TEST_OUTPUT = ">>>>> End Test Output"
+"""Markers in a grade's log, as in SWE-bench's: what reinstalling printed, then the tests' output."""
 GIT = (
     "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null "
     "git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c safe.directory='*' --literal-pathspecs"
@@ -103,9 +116,6 @@ pytest's default import mode then puts the root conftest's folder first, and imp
 `cmd`, `code`, `codeop`), `doctest` and `faulthandler` only after that: they are imported before,
 so a `pdb.py` in the tree is never taken for them (measured with pytest 7 on a failing, skipping,
 xfailing, warning run: nothing else of the standard library is imported that late)."""
-_PYTEST_MODULE = re.compile(r"\b(python[\d.]*)\s+-m\s+pytest\b")
-_SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+)(?:\s+-\s.*)?$")
-_STATUSES = frozenset({"PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS"})
 _DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 MAX_NAME = 4096
 MAX_SPACES = 64
@@ -302,27 +312,6 @@ def _check_link(path: str, lines: list[str], binary: bool) -> None:
         raise PatchRefused(f"the patch makes {path} a link into .git ({target})")
 
 
-def parse_pytest_summary(log: str, known: Sequence[str] = ()) -> dict[str, str]:
-    """Test id -> status from the `-rA` short summary of a pytest log. Ids in `known` are matched
-    whole, so parametrized ids with spaces (`test_x[a b]`) are found too. For reading logs: the
-    grader reads its JUnit report instead (`read_report`), which a test cannot print its way into."""
-    statuses: dict[str, str] = {}
-    by_length = sorted(known, key=len, reverse=True)
-    for raw in log.splitlines():
-        line = raw.strip()
-        match = _SUMMARY.match(line)
-        status = match.group(1) if match else line.split(" ", 1)[0]
-        if status not in _STATUSES:
-            continue
-        rest = line[len(status) :].strip()
-        name = next((k for k in by_length if rest == k or rest.startswith(k + " - ")), None)
-        if name is not None:
-            statuses[name] = status
-        elif match:
-            statuses[match.group(2)] = status
-    return statuses
-
-
 def touched_files(diff: str) -> list[str]:
     """The files a unified git diff changes (both sides of a rename); for the task's own diffs."""
     files: list[str] = []
@@ -334,30 +323,35 @@ def touched_files(diff: str) -> list[str]:
 
 
 def test_command(task: SWETask, report: str) -> str:
-    """The command that runs the task's tests, writing a JUnit report to `report`: the one place
-    that decides how tests run (`read_report` is where they are read)."""
-    command = _PYTEST_MODULE.sub(lambda m: f"{m.group(1)} -c {shlex.quote(RUNNER)}", task.test_cmd)
-    tests = " ".join(shlex.quote(t) for t in task.tests)
-    return f"{command} --junitxml={shlex.quote(report)} -o junit_prefix= {tests}"
+    """The command that runs the task's tests as SWE-bench does (its `test_cmd`, then the test
+    directives), writing a JUnit report to `report` when the runner is pytest: the one place that
+    decides how tests run (`_run_tests` is where they are read). pytest, whether named as a
+    script or as `python -m pytest`, starts through `RUNNER`."""
+    env = task.environment()
+    directives = " ".join(shlex.quote(d) for d in task.directives)
+    if env.parser is not None:
+        return f"{env.test_cmd} {directives}"
+    command = specs.PYTEST.sub(lambda m: f"{m['lead']}python3 -c {shlex.quote(RUNNER)}", env.test_cmd)
+    return f"{command} --junitxml={shlex.quote(report)} -o junit_prefix= {directives}"
 
 
-def read_report(xml: bytes, known: Sequence[str]) -> dict[str, str]:
-    """Test id -> status from a JUnit XML report, for the ids in `known` (pytest names a test in it
-    by `classname` and `name`: `tests/test_a.py::TestX::test_y[1]` is `tests.test_a.TestX`,
-    `test_y[1]`). An unreadable report names nothing."""
+def read_report(xml: bytes, known: Sequence[str]) -> tuple[dict[str, str], Counter[str]]:
+    """Test id -> status from a JUnit XML report, for the ids in `known`, and how many of the
+    report's test cases (all of them, known or not) have each status. pytest names a test in it by `classname` and `name`:
+    `tests/test_a.py::TestX::test_y[1]` is `tests.test_a.TestX`, `test_y[1]`; an id cut at its first
+    space, as SWE-bench's are (`test_y[a` for `test_y[a b]`), names the test whose name starts so.
+    An unreadable report names nothing."""
     if b"<!DOCTYPE" in xml or b"<!ENTITY" in xml:
-        return {}
+        return {}, Counter()
     try:
         root = ElementTree.fromstring(xml)
     except ElementTree.ParseError:
-        return {}
+        return {}, Counter()
     by_address = {_junit_address(test): test for test in known}
     rank = {"PASSED": 0, "XFAIL": 1, "SKIPPED": 2, "FAILED": 3, "ERROR": 4}
     statuses: dict[str, str] = {}
+    counts: Counter[str] = Counter()
     for case in root.iter("testcase"):
-        test = by_address.get((case.get("classname", ""), case.get("name", "")))
-        if test is None:
-            continue
         status = "PASSED"
         for child in case:
             if child.tag == "skipped":
@@ -365,8 +359,12 @@ def read_report(xml: bytes, known: Sequence[str]) -> dict[str, str]:
             else:
                 seen = {"failure": "FAILED", "error": "ERROR"}.get(child.tag, "PASSED")
             status = max(status, seen, key=rank.__getitem__)
-        statuses[test] = max(statuses.get(test, status), status, key=rank.__getitem__)
-    return statuses
+        counts[status] += 1
+        classname, name = case.get("classname", ""), case.get("name", "")
+        test = by_address.get((classname, name)) or by_address.get((classname, name.split(" ", 1)[0]))
+        if test is not None:
+            statuses[test] = max(statuses.get(test, status), status, key=rank.__getitem__)
+    return statuses, counts
 
 
 def _junit_address(test: str) -> tuple[str, str]:
@@ -400,7 +398,7 @@ def _grade(box: Sandbox, task: SWETask, patch: str, timeout: float, grade: Grade
     except PatchRefused as exc:
         grade.outcome, grade.error = "patch_failed", f"the patch is refused: {exc}"
         return
-    judge = TaskInfra.of(task.test_cmd, touched_files(task.patch))
+    judge = TaskInfra.of(task.environment().test_cmd, touched_files(task.patch))
     grade.suspicious = judge.suspicious(files.added)
     box.write_file(PATCH_FILE, patch if patch.endswith("\n") else patch + "\n")
     applied = box.exec(APPLY, cwd=cwd, timeout=120)
@@ -418,18 +416,28 @@ def _grade(box: Sandbox, task: SWETask, patch: str, timeout: float, grade: Grade
         done = box.exec('set -e\nroot="$(pwd -P)"\n' + "\n".join(reset), cwd=cwd, timeout=120)
         if done.exit_code != 0:
             grade.outcome, grade.error = "error", "the test infrastructure could not be reset to base_commit"
+            grade.fault = "task"
             grade.log = done.stdout + done.stderr
             return
-    if task.test_patch.strip():
-        box.write_file(TEST_PATCH_FILE, task.test_patch if task.test_patch.endswith("\n") else task.test_patch + "\n")
-        setup = ['root="$(pwd -P)"', *(_reset(path, task.base_commit) for path in touched_files(task.test_patch))]
-        setup.append(f"{GIT} apply --verbose {TEST_PATCH_FILE}")
-        done = box.exec("\n".join(setup), cwd=cwd, timeout=120)
-        if done.exit_code != 0:
-            grade.outcome, grade.error = "error", "the task's test patch does not apply (the task is broken)"
-            grade.log = done.stdout + done.stderr
-            return
-    _run_tests(box, task, timeout, grade)
+    if _setup_tests(box, task, grade):
+        _run_tests(box, task, timeout, grade, reinstall=needs_reinstall(task, files.paths))
+
+
+def _setup_tests(box: Sandbox, task: SWETask, grade: Grade) -> bool:
+    """Reset the files the test patch touches to `base_commit` and apply it; False (an `error`
+    grade) when it does not apply: the task is broken."""
+    if not task.test_patch.strip():
+        return True
+    box.write_file(TEST_PATCH_FILE, task.test_patch if task.test_patch.endswith("\n") else task.test_patch + "\n")
+    setup = ['root="$(pwd -P)"', *(_reset(path, task.base_commit) for path in touched_files(task.test_patch))]
+    setup.append(f"{GIT} apply --verbose {TEST_PATCH_FILE}")
+    done = box.exec("\n".join(setup), cwd=task.workdir, timeout=120)
+    if done.exit_code != 0:
+        grade.outcome, grade.error = "error", "the task's test patch does not apply (the task is broken)"
+        grade.fault = "task"
+        grade.log = done.stdout + done.stderr
+        return False
+    return True
 
 
 def check_applied(box: Sandbox, cwd: str, paths: Sequence[str]) -> None:
@@ -479,28 +487,71 @@ FORGET_COMPILED = (
 prefix outside the tree: that recompiles pytest and the standard library at every grade, ~0.7 s.)"""
 
 
-def _run_tests(box: Sandbox, task: SWETask, timeout: float, grade: Grade) -> None:
+def needs_reinstall(task: SWETask, paths: Sequence[str]) -> bool:
+    """Whether the repository's `install` must run again before the tests, as SWE-bench's evaluation
+    script always runs it: when it copies the package (`pip install .`), or the patch touches
+    `setup.py`. An editable install already sees the patched source, and sparing the run keeps the
+    patch's setup code from running with write access to the environment before the tests."""
+    install = task.environment().install
+    editable = all(re.search(r"(?:^|\s)(?:-e|--editable)(?:\s|=)", command) for command in install)
+    return bool(install) and (not editable or any(posixpath.basename(p) == "setup.py" for p in paths))
+
+
+def _run_tests(box: Sandbox, task: SWETask, timeout: float, grade: Grade, *, reinstall: bool = False) -> None:
+    """Run the task's tests as SWE-bench's evaluation script does (its `eval_commands`, `install`
+    again where `needs_reinstall`, then the test command) and read each test's status: from pytest's JUnit report, else
+    with SWE-bench's log parser for the repository. SWE-bench's rule decides: PASSED and XFAIL
+    pass, FAILED, ERROR and missing fail, SKIPPED and XPASS do neither. No test found at all is
+    `error` (`checks["tests_found"]` is False; `grade_patch` then asks whether the patch did it)."""
+    env = task.environment()
+    parse = specs.log_parser(env.parser) if env.parser is not None else None
+    if env.parser is not None and parse is None:
+        grade.outcome = "error"
+        grade.error = f"{task.repo}'s test command is not pytest and SWE-bench has no log parser for it"
+        grade.fault = "task"
+        return
+    prelude = "\n".join([specs.CONDA_ACTIVATE, *env.eval_commands])
+    if reinstall:
+        setup = box.exec(prelude + "\n" + "\n".join(env.install), cwd=task.workdir, timeout=timeout)
+        grade.log += f"{INSTALL_OUTPUT}\n{setup.stdout}{setup.stderr}"
+        if setup.timed_out:
+            grade.outcome, grade.error = "timeout", f"installing the repository took longer than {timeout:g} s"
+            return
     folder = f"/tmp/orchard-grade-{secrets.token_hex(16)}"
     report = f"{folder}/report.xml"
-    command = f"mkdir -m 700 {folder} && {FORGET_COMPILED} && {test_command(task, report)}"
+    command = f"mkdir -m 700 {folder} && {FORGET_COMPILED} && {{\n{prelude}\n{test_command(task, report)}\n}} 2>&1"
     run = box.exec(command, cwd=task.workdir, timeout=timeout)
-    grade.log = run.stdout + run.stderr
+    grade.log += f"{START_TEST_OUTPUT}\n{run.stdout}{run.stderr}\n{END_TEST_OUTPUT}\n"
     if run.timed_out:
         grade.outcome, grade.error = "timeout", f"the tests ran longer than {timeout:g} s"
         return
-    try:
-        seen = read_report(box.read_file(report, max_bytes=REPORT_LIMIT), task.tests)
-    except (NotFound, InvalidRequest):  # no report (pytest did not start) or a huge one
-        seen = {}
+    if parse is None:
+        try:
+            seen, counts = read_report(box.read_file(report, max_bytes=REPORT_LIMIT), task.tests)
+        except (NotFound, InvalidRequest):  # no report (pytest did not start) or a huge one
+            seen, counts = {}, Counter()
+    else:
+        parsed = parse(run.stdout + run.stderr)
+        seen, counts = {t: parsed[t] for t in task.tests if t in parsed}, Counter(parsed.values())
     for names, bucket in ((task.fail_to_pass, grade.fail_to_pass), (task.pass_to_pass, grade.pass_to_pass)):
         for name in names:
             grade.tests[name] = status = seen.get(name, "MISSING")
-            bucket["success" if status in ("PASSED", "XPASS") else "failure"].append(name)
+            if specs.passed(status):
+                bucket["success"].append(name)
+            elif specs.failed(status):
+                bucket["failure"].append(name)
+    grade.checks["tests_found"] = sum(counts.values()) > 0
+    if not grade.checks["tests_found"]:
+        grade.outcome = "error"
+        grade.error = f"no test ran: the test command found none (it exited {run.exit_code})"
+        return
     failed = grade.fail_to_pass["failure"] or grade.pass_to_pass["failure"]
-    if not failed and run.exit_code != 0:
+    if parse is None and not failed and run.exit_code != 0 and not counts["FAILED"] + counts["ERROR"]:
+        grade.outcome = "unresolved"
         grade.error = f"every test passed in the report, but the test command exited {run.exit_code}"
         grade.suspicious.append("the test report and the runner's exit status disagree")
-    grade.outcome = "unresolved" if failed or run.exit_code != 0 else "resolved"
+        return
+    grade.outcome = "unresolved" if failed else "resolved"
 
 
 def grade_patch(
@@ -515,5 +566,19 @@ def grade_patch(
             grade = grade_in(box, task, patch, timeout=timeout)
     except OrchardError as exc:
         grade = Grade(task.instance_id, "error", error=f"could not start the task's sandbox: {exc}")
+    if grade.checks.get("tests_found") is False:
+        baseline = Grade(task.instance_id, "unresolved")
+        try:
+            with task_sandbox(client, task, image) as box:
+                if _setup_tests(box, task, baseline):
+                    _run_tests(box, task, timeout, baseline)
+        except OrchardError as exc:
+            baseline.outcome, baseline.error, baseline.fault = "error", str(exc), "machine"
+        if baseline.checks.get("tests_found"):
+            grade.outcome = "unresolved"
+            grade.error = "with the patch no test ran (without it they do): the patch breaks the test run"
+        elif baseline.fault != "machine":
+            grade.error = "no test ran, with the patch or without it: the task or its image is broken"
+            grade.fault = "task"
     grade.duration = time.monotonic() - started
     return grade

@@ -1,17 +1,20 @@
-"""The SWE task kind: SWE-bench's schema, plus where the repository lives in its image.
+"""The SWE task kind: SWE-bench's schema, run as SWE-bench runs it.
 
 Fields are SWE-bench's (`instance_id`, `repo`, `base_commit`, `problem_statement`, `patch`,
-`test_patch`, `FAIL_TO_PASS`, `PASS_TO_PASS`, ...); the test lists may be JSON strings, as in
-the published datasets. Orchard adds:
+`test_patch`, `FAIL_TO_PASS`, `PASS_TO_PASS`, `version`, `environment_setup_commit`, ...), exactly as
+the published datasets ship them: the test lists may be JSON strings, and `None` in an optional
+field means its default. How a task's image is made and its tests run is SWE-bench's spec for its
+repository and version (`orchard.tasks.specs`, from the `swebench` package); a row may override it
+field by field:
 
 * `image`: a ready image that already holds the repository at `workdir` (SWE-bench's prebuilt
-  instance images, say); without it, Orchard builds one offline from the base image, the
-  repository at `base_commit` and `install`;
-* `workdir`: where the repository is checked out (default `/testbed`, as in SWE-bench);
-* `install`: shell commands run in the image after checkout (no network);
-* `test_cmd`: the command the grader runs, with the test ids appended (default pytest, verbose
-  enough to name every test's outcome).
+  instance images, say); without it, Orchard builds one offline (`orchard.tasks.environments`);
+* `python`: the Python version the image needs (`3.9`);
+* `install`: shell commands that install the repository (no network at build time);
+* `test_cmd`: the command the grader runs, with the test directives appended;
+* `workdir`: where the repository is checked out (default `/testbed`, as in SWE-bench).
 
+Rows of repositories SWE-bench has no spec for run `python3 -m pytest -rA` on the test files.
 Unknown fields are kept in `extra`, so a dataset round-trips.
 
 An attempt's submission is the working tree's diff (`working_tree_patch`), graded by the task's
@@ -24,11 +27,13 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator, model_validator
 
 from orchard.errors import OrchardError
+from orchard.tasks import specs
 from orchard.tasks.base import Prepare, Step, TaskBase
 
 if TYPE_CHECKING:
@@ -36,7 +41,8 @@ if TYPE_CHECKING:
     from orchard.tasks.grading import Grade
 
 DEFAULT_WORKDIR = "/testbed"
-DEFAULT_TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider --no-header -o addopts="
+DEFAULT_TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider"
+"""The test command of a repository SWE-bench has no spec for (the row's `test_cmd` overrides it)."""
 COMMIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
@@ -59,8 +65,9 @@ class SWETask(TaskBase):
     created_at: str | None = None
     image: str | None = None
     workdir: str = DEFAULT_WORKDIR
-    install: list[str] = Field(default_factory=list)
-    test_cmd: str = DEFAULT_TEST_CMD
+    python: str | None = None
+    install: list[str] | None = None
+    test_cmd: str | None = None
 
     @field_validator("instance_id")
     @classmethod
@@ -95,6 +102,13 @@ class SWETask(TaskBase):
                 raise ValueError("must be a list of strings or a JSON string of one") from None
         return value
 
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"3\.\d{1,2}", value):
+            raise ValueError(f"python {value!r} must be a Python 3 version such as '3.9'")
+        return value
+
     @field_validator("workdir")
     @classmethod
     def _workdir(cls, value: str) -> str:
@@ -107,6 +121,40 @@ class SWETask(TaskBase):
         if not self.fail_to_pass:
             raise ValueError("FAIL_TO_PASS is empty: a task needs at least one test that the fix makes pass")
         return self
+
+    def environment(self) -> specs.Environment:
+        """How this task's image is made and its tests run: SWE-bench's spec for the repository
+        and version, each of the row's `python`, `install` and `test_cmd` taking its place."""
+        spec = specs.swebench_spec(self.repo, self.version) or {}
+        packages = spec.get("packages") or ""
+        commands = spec.get("test_cmd") or DEFAULT_TEST_CMD
+        commands = [commands] if isinstance(commands, str) else list(commands)
+        test_cmd = self.test_cmd or commands[-1]
+        return specs.Environment(
+            source=f"swebench {specs.SWEBENCH_VERSION} {self.repo} {self.version}" if spec else "row",
+            python=self.python or spec.get("python"),
+            requirements=tuple(specs.requirements_paths(self.repo)) if packages == "requirements.txt" else (),
+            environment_yml=tuple(specs.environment_yml_paths(self.repo)) if packages == "environment.yml" else (),
+            packages=() if packages in ("requirements.txt", "environment.yml") else tuple(shlex.split(packages)),
+            pip_packages=tuple(spec.get("pip_packages") or ()),
+            pre_install=tuple(spec.get("pre_install") or ()),
+            install=tuple(
+                self.install if self.install is not None else [spec["install"]] if spec.get("install") else []
+            ),
+            test_cmd=test_cmd,
+            eval_commands=(*spec.get("eval_commands", ()), *commands[:-1]),
+            parser=None if specs.is_pytest(test_cmd) else self.repo,
+        )
+
+    @property
+    def directives(self) -> list[str]:
+        """What follows the test command: the test files the test patch touches (Django labels for
+        Django), as SWE-bench derives them. A row SWE-bench has no spec for also runs the files its
+        test ids name (`tests/test_a.py::test_x`), as its PASS_TO_PASS may come from any file."""
+        directives = specs.test_directives(self.repo, self.test_patch) if self.test_patch.strip() else []
+        if specs.swebench_spec(self.repo, self.version) is None:
+            directives += [test.split("::", 1)[0] for test in self.tests if "::" in test]
+        return list(dict.fromkeys(directives))
 
     @property
     def tests(self) -> list[str]:
@@ -141,15 +189,28 @@ class SWETask(TaskBase):
     def sandbox_image(self, prepare: Prepare) -> str:
         from orchard.tasks.environments import task_image
 
-        return task_image(self, prepare.mirror())
+        return task_image(self, prepare.mirror(), source=prepare.image_source)
+
+    def start(self, box: Sandbox) -> None:
+        """The agent's shell starts in the repository, with the `testbed` conda env active in a
+        prebuilt SWE-bench image (a no-op in Orchard's images), as the grader runs."""
+        box.exec(f"cd {shlex.quote(self.workdir)} && {specs.CONDA_ACTIVATE}", session="agent")
 
     def submission(self, box: Sandbox) -> str:
         return working_tree_patch(box, self.workdir)
 
     def grade(self, client: Client, submission: str, image: str, *, timeout: float | None = None) -> Grade:
+        from orchard.tasks.environments import image_warnings
         from orchard.tasks.grading import DEFAULT_TEST_TIMEOUT, grade_patch
 
-        return grade_patch(client, self, submission, image, timeout=timeout or DEFAULT_TEST_TIMEOUT)
+        grade = grade_patch(client, self, submission, image, timeout=timeout or DEFAULT_TEST_TIMEOUT)
+        try:  # the image is not what the task asked for (another Python, ...): said with every grade
+            warnings = image_warnings(image)
+        except OrchardError:
+            warnings = []
+        if warnings:
+            grade.checks["warnings"] = warnings
+        return grade
 
     def progress(self, client: Client, submission: str, image: str) -> float:
         """The share of FAIL_TO_PASS tests the submission makes pass."""

@@ -1,4 +1,4 @@
-"""The offline-built images: a Debian base (python3, pytest, git, bash) and a static busybox (nothing else)."""
+"""The offline-built images: Debian bases (python3, pytest, git, bash; one per release) and a static busybox (nothing else)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,34 @@ def test_base_image_config(docker_client, base_image: str) -> None:
     assert config["Cmd"] == ["/bin/bash"]
     assert "LANG=C.UTF-8" in config["Env"]
     assert config["Labels"]["org.orchard.built-by"] == "orchard"
+
+
+@pytest.mark.docker
+def test_base_image_labels_its_release_python_and_glibc(docker_client, base_image: str) -> None:
+    """Task images pick wheels by these, so they must be what the image really runs."""
+    labels = docker_client.images.get(base_image).labels
+    assert labels[images.RELEASE_LABEL] == "bookworm"
+    facts = images.base_facts(labels)
+    script = "python3 -c 'import platform; print(platform.python_version(), platform.libc_ver()[1])'"
+    assert facts is not None and _sh(docker_client, base_image, script).split() == list(facts)
+    assert images.base_facts({}) is None
+
+
+def test_the_cli_offers_every_release() -> None:
+    """`orchard image build-base --release` spells the releases out (no import of this module at
+    `orchard --help`): they must be `RELEASES`."""
+    import inspect
+    import typing
+
+    from orchard.env import cli
+
+    annotation = inspect.signature(cli.image_build_base, eval_str=True).parameters["release"].annotation
+    assert typing.get_args(typing.get_args(annotation)[0]) == tuple(images.RELEASES)
+
+
+def test_an_unknown_release_is_refused() -> None:
+    with pytest.raises(ConfigError, match="no Debian release 'buster': choose one of bullseye, bookworm, trixie"):
+        images.build_base(release="buster")
 
 
 @pytest.mark.docker

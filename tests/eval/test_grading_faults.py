@@ -49,9 +49,25 @@ def test_a_task_whose_gold_patch_does_not_pass_or_whose_test_patch_is_broken(cli
     assert grade.outcome == "error" and "test patch does not apply" in grade.error
 
 
+def test_no_test_at_all_is_the_patch_s_fault_only_when_the_tests_run_without_it(client, example):
+    """A run in which no test ran is `unresolved` when the patch did it (here: the package ends the
+    process as it is imported), and `error` of the task when no test runs without the patch either."""
+    task, image = example
+    package = "textkit/__init__.py"
+    with client.create(image) as box:
+        box.exec(f"git apply <<'EOF'\n{task.patch}EOF\necho 'import os; os._exit(0)' >> {package}", cwd=task.workdir)
+        exits = box.exec("git diff", cwd=task.workdir).stdout
+    grade = grade_patch(client, task, exits, image)
+    assert grade.outcome == "unresolved" and "the patch breaks the test run" in grade.error
+    assert grade.checks["tests_found"] is False
+    nothing = task.model_copy(update={"test_cmd": "python3 -m pytest -rA -k no_test_has_this_name"})
+    grade = grade_patch(client, nothing, task.patch, image)
+    assert grade.outcome == "error" and grade.fault == "task" and "with the patch or without it" in grade.error
+
+
 def test_tests_that_hang_time_out(client, example):
     task, image = example
-    hanging = task.model_copy(update={"test_cmd": "sleep 60; " + task.test_cmd})
+    hanging = task.model_copy(update={"test_cmd": "sleep 60; " + task.environment().test_cmd})
     with client.create(image) as box:
         grade = grade_in(box, hanging, task.patch, timeout=2)
         assert box.exec("echo alive").stdout == "alive\n"  # the sandbox outlived the hung tests

@@ -1,0 +1,120 @@
+"""Real SWE-bench Lite rows graded on their real repositories, as a new user grades them.
+
+Slow and large: each repository's image is built with its dependencies (resolved on this host
+into the shared wheelhouse, installed with no network), and the tests run as SWE-bench runs them.
+It needs the repositories, which are not in this project: the development set's archives
+(`repos/<owner>__<name>-<sha7>.tar.gz`, each a one-commit git repository at the row's
+`base_commit`). Not part of `./dev test`; run it with
+
+    ./dev swe-real DIR        # DIR holds tasks.jsonl and repos/ (the shared swe-real folder)
+
+The rows are `data/swe-bench-lite-7.jsonl`, exactly as published, with no field added.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchard.tasks.loading import load_tasks
+
+pytestmark = [pytest.mark.swe_real, pytest.mark.docker]
+
+ROWS = Path(__file__).parent / "data" / "swe-bench-lite-7.jsonl"
+NEEDS_A_NETWORK = {
+    "psf__requests-3362": [
+        "tests/test_requests.py::TestTimeout::test_connect_timeout",
+        "tests/test_requests.py::TestTimeout::test_total_timeout_connect",
+    ]
+}
+"""Tests that connect to 10.255.255.1 and expect the connection to time out, as it does on a network
+that drops the packets; a `blocked` sandbox has no route at all, so they fail at once."""
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory) -> Path:
+    """The archives unpacked into `DIR/owner/name` by the example script, as the README does."""
+    source = Path(os.environ.get("ORCHARD_SWE_REAL", "")).expanduser()
+    if not (source / "repos").is_dir():
+        pytest.fail("set ORCHARD_SWE_REAL to the folder holding repos/*.tar.gz (./dev swe-real DIR)")
+    root = tmp_path_factory.mktemp("mirror")
+    script = Path(__file__).parents[2] / "examples" / "tasks" / "unpack_mirror.py"
+    subprocess.run([sys.executable, str(script), str(source / "repos"), str(root)], check=True, capture_output=True)
+    return root
+
+
+def eval_cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ORCHARD_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "orchard", "eval", "--tasks", str(ROWS), *args],
+        capture_output=True, text=True, env=env, timeout=3 * 3600, check=False,
+    )  # fmt: skip
+
+
+def report_of(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def without_main_hunk(patch: str) -> str:
+    """The patch with its main hunk (the one changing most lines) undone: its removed lines kept,
+    its added lines gone, one comment line added so the patch still changes something. A fix that
+    misses its point, applied and tested like any other."""
+    lines = patch.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith("@@ ")]
+    ends = [*starts[1:], len(lines)]
+    ends = [
+        next((j for j in range(i + 1, end) if lines[j].startswith("diff --git ")), end)
+        for i, end in zip(starts, ends, strict=True)
+    ]
+    changed = [sum(line[:1] in "+-" for line in lines[i + 1 : end]) for i, end in zip(starts, ends, strict=True)]
+    main = max(range(len(starts)), key=changed.__getitem__)
+    start, end = starts[main], ends[main]
+    body = [
+        " " + line[1:] if line.startswith("-") else line for line in lines[start + 1 : end] if not line.startswith("+")
+    ]
+    head = re.match(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,\d+)? @@(.*)", lines[start], re.DOTALL)
+    old, count, new, rest = int(head[1]), int(head[2] or 1), int(head[3]), head[4]
+    comment = "+# the fix is missing\n"
+    hunk = [f"@@ -{old},{count} +{new},{count + 1} @@{rest}", *body[:1], comment, *body[1:]]
+    return "".join([*lines[:start], *hunk, *lines[end:]])
+
+
+def test_gold_resolves_every_instance_and_broken_patches_none(mirror: Path, tmp_path: Path):
+    tasks = load_tasks(ROWS)
+    gold = eval_cli(
+        "--predictions", "gold", "--repos", str(mirror), "--report", str(tmp_path / "gold.json"), home=tmp_path
+    )
+    assert gold.returncode == 0, gold.stdout + gold.stderr
+    resolved = set(report_of(tmp_path / "gold.json")["resolved_ids"])
+    assert resolved == {task.instance_id for task in tasks} - set(NEEDS_A_NETWORK), gold.stdout
+    for instance_id, tests in NEEDS_A_NETWORK.items():
+        (report,) = tmp_path.glob(f"runs/*/logs/{instance_id}/report.json")
+        status = report_of(report)[instance_id]["tests_status"]
+        assert status["FAIL_TO_PASS"]["failure"] == [] and status["PASS_TO_PASS"]["failure"] == tests
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "instance_id": t.instance_id,
+                    "model_name_or_path": "broken",
+                    "model_patch": without_main_hunk(t.patch),
+                }
+            )
+            + "\n"
+            for t in tasks
+        )
+    )
+    wrong = eval_cli(
+        "--predictions", str(broken), "--repos", str(mirror), "--report", str(tmp_path / "broken.json"), home=tmp_path
+    )
+    assert wrong.returncode == 0, wrong.stdout + wrong.stderr
+    report = report_of(tmp_path / "broken.json")
+    assert report["resolved_ids"] == [] and not report.get("error_ids"), wrong.stdout

@@ -1,0 +1,182 @@
+"""SWE-bench rows exactly as published: their specs, test commands and how their results are read.
+
+The rows are seven real SWE-bench Lite instances (`data/swe-bench-lite-7.jsonl`, byte for byte as
+the dataset ships them: test lists as JSON strings). Nothing here needs Docker or a repository:
+building the images and grading the gold patches on the real repositories is
+`tests/tasks/test_swe_real.py`, which needs their archives.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from orchard.tasks import specs
+from orchard.tasks.grading import RUNNER, read_report
+from orchard.tasks.grading import test_command as command
+from orchard.tasks.loading import load_tasks
+from orchard.tasks.swe import SWETask
+
+ROWS = Path(__file__).parent / "data" / "swe-bench-lite-7.jsonl"
+
+
+@pytest.fixture(scope="module")
+def tasks() -> dict[str, SWETask]:
+    return {task.instance_id: task for task in load_tasks(ROWS)}
+
+
+def test_published_rows_load_as_they_ship(tasks):
+    first = json.loads(ROWS.read_text().splitlines()[0])
+    assert isinstance(first["FAIL_TO_PASS"], str)  # the dataset's JSON strings, untouched
+    assert len(tasks) == 7
+    django = tasks["django__django-16379"]
+    assert django.fail_to_pass == [
+        "test_has_key_race_handling (cache.tests.FileBasedCachePathLibTests)",
+        "test_has_key_race_handling (cache.tests.FileBasedCacheTests)",
+    ]
+    assert len(django.pass_to_pass) == 362
+
+
+def test_none_means_the_default():
+    """A Hugging Face dataset fills a row's missing fields with None."""
+    row = json.loads(ROWS.read_text().splitlines()[2])
+    task = SWETask.model_validate({**row, "hints_text": None, "image": None, "install": None, "test_cmd": None})
+    assert task.hints_text == "" and task.image is None
+    assert task.environment() == SWETask.model_validate(row).environment()
+    with pytest.raises(ValueError, match="problem_statement"):
+        SWETask.model_validate({**row, "problem_statement": None})
+
+
+def test_specs_come_from_swebench(tasks):
+    env = tasks["django__django-16379"].environment()
+    assert env.source == f"swebench {specs.SWEBENCH_VERSION} django/django 4.2"
+    assert env.python == "3.9" and env.requirements == ("tests/requirements/py3.txt",)
+    assert env.install == ("python -m pip install -e .",)
+    assert tasks["django__django-17087"].environment().python == "3.11"
+    sympy = tasks["sympy__sympy-24213"].environment()
+    assert sympy.packages == ("mpmath", "flake8") and sympy.pip_packages == ("mpmath==1.3.0", "flake8-comprehensions")
+    assert tasks["psf__requests-3362"].environment().install == ("python -m pip install .",)
+
+
+def test_a_row_overrides_its_spec_field_by_field(tasks):
+    task = tasks["pallets__flask-5063"]
+    custom = task.model_copy(update={"python": "3.13", "install": ["pip install -e .[dev]"], "test_cmd": "make check"})
+    env, spec = custom.environment(), task.environment()
+    assert (env.python, env.install, env.test_cmd) == ("3.13", ("pip install -e .[dev]",), "make check")
+    assert env.pip_packages == spec.pip_packages and env.requirements == spec.requirements
+    with pytest.raises(ValueError, match="python '3' must be a Python 3 version"):
+        SWETask.model_validate({**task.record(), "python": "3"})
+
+
+def test_test_commands_are_swebench_s(tasks):
+    """Directives from the test patch (Django labels for Django), never the raw test ids."""
+    report = "/tmp/r/report.xml"
+    django = command(tasks["django__django-16379"], report)
+    assert django == "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 cache.tests"
+    assert command(tasks["django__django-17087"], report).endswith("--parallel 1 migrations.test_writer")
+    sympy = command(tasks["sympy__sympy-24213"], report)
+    assert sympy == (
+        "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose "
+        "sympy/physics/units/tests/test_quantities.py"
+    )
+    flask = command(tasks["pallets__flask-5063"], report)
+    assert flask == f"python3 -c {shlex.quote(RUNNER)} -rA --junitxml={report} -o junit_prefix= tests/test_cli.py"
+    assert "addopts" not in flask  # the repository's own options apply
+    for task in tasks.values():
+        assert not any(test in command(task, report) for test in task.tests)
+
+
+def test_rows_without_a_spec_run_pytest_on_their_test_files():
+    task = SWETask(
+        instance_id="acme__w-1", repo="acme/w", base_commit="abc", problem_statement="p",
+        FAIL_TO_PASS=["tests/test_a.py::test_x", "tests/test_a.py::TestY::test_z[1 2]"],
+        PASS_TO_PASS=["tests/test_b.py::test_q"],
+    )  # fmt: skip
+    env = task.environment()
+    assert env.source == "row" and env.python is None and env.install == () and env.parser is None
+    assert command(task, "/r.xml").endswith("-o junit_prefix= tests/test_a.py tests/test_b.py")
+
+
+def test_junit_ids_cut_at_a_space_match_as_swebench_s_do():
+    """SWE-bench's ids are what its parser takes from `PASSED <id>`: cut at the first space."""
+    xml = b"""<testsuites><testsuite>
+      <testcase classname="tests.test_a" name="test_p[a b]"/>
+      <testcase classname="tests.test_a.TestQ" name="test_q[x - y]"><failure message="no"/></testcase>
+      <testcase classname="tests.test_a" name="test_s"><skipped type="pytest.skip"/></testcase>
+      <testcase classname="tests.test_a" name="test_x"><skipped type="pytest.xfail"/></testcase>
+      <testcase classname="tests.test_a" name="test_other"/>
+    </testsuite></testsuites>"""
+    known = ["tests/test_a.py::test_p[a", "tests/test_a.py::TestQ::test_q[x", "tests/test_a.py::test_s"]
+    statuses, counts = read_report(xml, [*known, "tests/test_a.py::test_x", "tests/test_a.py::test_gone"])
+    assert statuses == {known[0]: "PASSED", known[1]: "FAILED", known[2]: "SKIPPED", "tests/test_a.py::test_x": "XFAIL"}
+    assert counts == {"PASSED": 2, "FAILED": 1, "SKIPPED": 1, "XFAIL": 1}
+
+
+def test_swebench_s_pass_rule():
+    assert [specs.passed(s) for s in ("PASSED", "XFAIL", "SKIPPED", "XPASS", "FAILED")] == [1, 1, 0, 0, 0]
+    assert [specs.failed(s) for s in ("FAILED", "ERROR", "MISSING", None, "SKIPPED", "XPASS")] == [1, 1, 1, 1, 0, 0]
+
+
+def test_a_datasets_folder_of_the_rows_loads_the_same_tasks(tmp_path: Path, tasks):
+    """What `datasets` saves for SWE-bench (lists as JSON strings, missing fields None)."""
+    import datasets
+
+    rows = [json.loads(line) for line in ROWS.read_text().splitlines()]
+    rows = [{**row, "image": None} for row in rows]  # a column some rows lack: None in the others
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "lite"))
+    loaded = {task.instance_id: task for task in load_tasks(tmp_path / "lite")}
+    assert loaded == tasks
+
+
+LOGS = Path(__file__).parent / "data" / "logs"
+
+
+@pytest.mark.parametrize("instance_id", ["pallets__flask-5063", "pytest-dev__pytest-9359"])
+def test_junit_reports_read_as_swebench_s_parser_reads_the_log(tasks, instance_id):
+    """Real output of gold grades (`data/logs/`, captured from `./dev swe-real`): each id's status
+    from the JUnit report is the one SWE-bench's parser reads from the same run's log."""
+    task = tasks[instance_id]
+    statuses, counts = read_report((LOGS / f"{instance_id}.xml").read_bytes(), task.tests)
+    parsed = specs.log_parser(task.repo)((LOGS / f"{instance_id}.log").read_text())  # type: ignore[misc]
+    assert statuses == {test: parsed[test] for test in task.tests}
+    assert set(statuses.values()) <= {"PASSED", "XFAIL", "SKIPPED"} and sum(counts.values()) >= len(task.tests)
+
+
+@pytest.mark.parametrize("instance_id", ["django__django-16379", "django__django-17087", "sympy__sympy-24213"])
+def test_runner_logs_read_with_swebench_s_parser(tasks, instance_id):
+    """Real output of Django's and sympy's runners on the gold patch (`data/logs/`): every FAIL_TO_PASS
+    and PASS_TO_PASS id is found and passes, docstring-named Django tests and the Python-version
+    dependent names included (3.9's `test_x (mod.Class)`, 3.11's `test_x (mod.Class.test_x)`)."""
+    task = tasks[instance_id]
+    env = task.environment()
+    log = (LOGS / f"{instance_id}.log").read_text()
+    parsed = specs.log_parser(env.parser)(log)  # type: ignore[arg-type, misc]
+    assert env.parser == task.repo
+    assert all(specs.passed(parsed.get(test)) for test in task.tests), [t for t in task.tests if t not in parsed]
+    broken = log.replace(f"{task.fail_to_pass[0]} ... ok", f"{task.fail_to_pass[0]} ... FAIL")
+    broken = broken.replace(f"{task.fail_to_pass[0]} ok", f"{task.fail_to_pass[0]} F")
+    assert specs.failed(specs.log_parser(env.parser)(broken).get(task.fail_to_pass[0]))  # type: ignore[arg-type, misc]
+
+
+def test_pytest_anywhere_in_a_test_command_runs_through_orchard_s_runner():
+    task = SWETask(
+        instance_id="acme__w-1", repo="acme/w", base_commit="abc", problem_statement="p",
+        FAIL_TO_PASS=["tests/test_a.py::test_x"], test_cmd="sleep 1; X=1 python3.9 -m pytest -rA",
+    )  # fmt: skip
+    assert task.environment().parser is None
+    assert command(task, "/r.xml") == (
+        f"sleep 1; X=1 python3 -c {shlex.quote(RUNNER)} -rA --junitxml=/r.xml -o junit_prefix= tests/test_a.py"
+    )
+    for other in ("tox -epy39 --", "make test", "pip install pytest && ./run"):
+        assert not specs.is_pytest(other), other
+
+
+def test_install_runs_again_only_where_the_tests_would_not_see_the_patch(tasks):
+    from orchard.tasks.grading import needs_reinstall
+
+    assert needs_reinstall(tasks["psf__requests-3362"], ["requests/models.py"])  # `pip install .`: a copy
+    assert not needs_reinstall(tasks["pallets__flask-5063"], ["src/flask/cli.py"])  # editable
+    assert needs_reinstall(tasks["pallets__flask-5063"], ["src/flask/cli.py", "setup.py"])
