@@ -337,9 +337,10 @@ def test_command(task: SWETask, report: str) -> str:
 
 def read_report(xml: bytes, known: Sequence[str]) -> tuple[dict[str, str], Counter[str]]:
     """Test id -> status from a JUnit XML report, for the ids in `known`, and how many of the
-    report's test cases (all of them, known or not) have each status. pytest names a test in it by `classname` and `name`:
-    `tests/test_a.py::TestX::test_y[1]` is `tests.test_a.TestX`, `test_y[1]`; an id cut at its first
-    space, as SWE-bench's are (`test_y[a` for `test_y[a b]`), names the test whose name starts so.
+    report's test cases (all of them, known or not) have each status. pytest names a test in it
+    by `classname` and `name`: `tests/test_a.py::TestX::test_y[1]` is `tests.test_a.TestX`,
+    `test_y[1]`; an id cut at its first space, as SWE-bench's are (`test_y[a` for `test_y[a b]`),
+    names the test whose name starts so.
     An unreadable report names nothing."""
     if b"<!DOCTYPE" in xml or b"<!ENTITY" in xml:
         return {}, Counter()
@@ -499,10 +500,11 @@ def needs_reinstall(task: SWETask, paths: Sequence[str]) -> bool:
 
 def _run_tests(box: Sandbox, task: SWETask, timeout: float, grade: Grade, *, reinstall: bool = False) -> None:
     """Run the task's tests as SWE-bench's evaluation script does (its `eval_commands`, `install`
-    again where `needs_reinstall`, then the test command) and read each test's status: from pytest's JUnit report, else
-    with SWE-bench's log parser for the repository. SWE-bench's rule decides: PASSED and XFAIL
-    pass, FAILED, ERROR and missing fail, SKIPPED and XPASS do neither. No test found at all is
-    `error` (`checks["tests_found"]` is False; `grade_patch` then asks whether the patch did it)."""
+    again where `needs_reinstall` says so, then the test command) and read each test's status:
+    from pytest's JUnit report, else with SWE-bench's log parser for the repository. SWE-bench's
+    rule decides: PASSED and XFAIL pass, FAILED, ERROR and missing fail, SKIPPED and XPASS do
+    neither. No test found at all is `error` (`checks["tests_found"]` is False; `grade_patch`
+    then asks whether the patch did it)."""
     env = task.environment()
     parse = specs.log_parser(env.parser) if env.parser is not None else None
     if env.parser is not None and parse is None:
