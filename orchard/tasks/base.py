@@ -106,7 +106,7 @@ class Prepare:
     def mirror(self) -> Any:
         """The SWE repository mirror (one per `Prepare`, so clones are shared)."""
         if self._mirror is None:
-            from orchard.tasks.environments import RepoMirror
+            from orchard.tasks.repos import RepoMirror
 
             self._mirror = RepoMirror(self.repos)
         return self._mirror
