@@ -596,7 +596,9 @@ def kill_tree(root: int) -> None:
     """Kill ``root``, everything below it in the process tree, and its process group.
 
     Stopped first, each round stopping every process found, until a scan finds no new one: a
-    stopped process cannot fork, so nothing escapes between the scan and the kill. Then SIGKILL.
+    stopped process cannot fork, so nothing escapes between the scan and the kill. Then SIGKILL,
+    and it returns once each of them is dead (a zombie or gone; at most ``KILL_WAIT_S``), so a
+    command reported timed out has nothing of it still running.
     """
     stopped: set[int] = set()
     for _ in range(MAX_FREEZE_ROUNDS):
@@ -610,6 +612,18 @@ def kill_tree(root: int) -> None:
         _signal(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(root, signal.SIGKILL)
+    deadline = time.monotonic() + KILL_WAIT_S
+    while (stopped := {pid for pid in stopped if _running(pid)}) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not yet a zombie (a SIGKILL is delivered asynchronously)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 def _descendants(root: int) -> set[int]:
