@@ -62,7 +62,7 @@ def test_user_mistakes_are_one_line_errors(service, monkeypatch):
         (["sandbox", "exec", "nosuchbox", "true"], "no sandbox 'nosuchbox'"),
         (["sandbox", "create", "orchard/nope:0"], "image 'orchard/nope:0' not found"),
         (["sandbox", "create", "--memory", "lots"], "memory 'lots' is not a size"),
-        (["sandbox", "create", "--network", "wide"], "network must be 'blocked' or 'open'"),
+        (["sandbox", "create", "--network", "wide"], "network must be 'blocked', 'dropped' or 'open'"),
         (["sandbox", "create", "--memory", "1e400"], "memory '1e400' is not a size"),
         (["sandbox", "rm", ".."], "sandbox id '..' is invalid"),
     ]:
@@ -121,14 +121,21 @@ def test_up_status_down_leave_nothing_behind(orchard_home, docker_client, base_i
             if pools and pools[0]["ready"] == 1:
                 break
             time.sleep(0.05)
-        assert pools == [{"image": base_image, "block_network": True, "size": 1, "ready": 1}]
-        status = runner.invoke(app, ["status"], env=env)
+        assert pools == [{"image": base_image, "block_network": True, "network": "blocked", "size": 1, "ready": 1}]
+        status = runner.invoke(app, ["status", "--port", str(port)], env=env)
         assert "2 sandbox(es)" in status.stdout and "running" in status.stdout  # one pooled
+        elsewhere = runner.invoke(
+            app, ["down", "--url", f"http://127.0.0.1:{port}"], env={"ORCHARD_HOME": str(orchard_home / "other")}
+        )
+        assert (
+            elsewhere.exit_code != 0 and "is not this ORCHARD_HOME's" in elsewhere.output
+        )  # another home's service stays
+        assert "not running on port 1 " in runner.invoke(app, ["status", "--port", "1"], env=env).stdout
         listed = httpx.get(f"http://127.0.0.1:{port}/sandboxes", headers={"X-API-Key": key}).json()["sandboxes"]
         ids = [s["sandbox_id"] for s in listed]
         assert len(ids) == 2
     finally:
-        stopped = runner.invoke(app, ["down"], env=env)
+        stopped = runner.invoke(app, ["down", "--port", str(port)], env=env)
     assert stopped.exit_code == 0, stopped.output
     assert not docker_client.api.containers(all=True, filters={"name": f"orchard-{sandbox_id}"})
     for owned in ids:  # the pooled one too

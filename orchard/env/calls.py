@@ -537,7 +537,12 @@ class ServiceSandboxes:
 
 def _sandbox_body(spec: SandboxSpec) -> dict[str, Any]:
     """The fields of a create (or pool) body that carry a spec, as the Orchard Env API names them."""
-    body: dict[str, Any] = {"image": spec.image, "block_network": spec.network == "blocked", "ttl": math.ceil(spec.ttl)}
+    body: dict[str, Any] = {
+        "image": spec.image,
+        "block_network": spec.network != "open",
+        "network": spec.network,
+        "ttl": math.ceil(spec.ttl),
+    }
     if spec.cpu:
         body["cpu"] = str(spec.cpu)
     if spec.memory_bytes:

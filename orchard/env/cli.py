@@ -19,7 +19,7 @@ import typer
 from orchard.clikit import command, group
 from orchard.config import BASE_IMAGE, private_file, private_folder, settings
 from orchard.env.backends import BACKENDS
-from orchard.errors import OrchardError
+from orchard.errors import ConfigError, OrchardError
 from orchard.registry import names
 
 app = group("The environment: the service, its sandboxes, base images.")
@@ -126,15 +126,51 @@ def _start_in_background(host: str, port: int, backend: str, runtime: str | None
     raise OrchardError(f"the service did not answer within 120 s (log: {log_path})")
 
 
+URL_OPTION = typer.Option(metavar="URL", help="The service's URL, as `orchard up` printed it.")
+PORT_OPTION = typer.Option(metavar="PORT", min=1, max=65535, help="The service's port on this host.")
+
+
+def _named_service(url: str | None, port: int | None) -> dict | None:
+    """The state of this ORCHARD_HOME's running service, if any, checked against `--url`/`--port`.
+
+    Naming a service that answers but is not this ORCHARD_HOME's is an error that says so (its key
+    and sandboxes are another home's); naming one where nothing answers is just `None`.
+    """
+    from urllib.parse import urlparse
+
+    from orchard.env.discovery import running_service, service_healthy
+
+    if url and port:
+        raise ConfigError("give --url or --port, not both")
+    state = running_service()
+    if not (url or port):
+        return state
+    wanted = url.rstrip("/") if url else f"http://127.0.0.1:{port}"
+    if state and (state["url"].rstrip("/") == wanted or (port and urlparse(state["url"]).port == port)):
+        return state
+    if service_healthy(wanted):
+        home = settings().home
+        raise ConfigError(
+            f"the service at {wanted} is not this ORCHARD_HOME's ({home}): run this with its ORCHARD_HOME"
+        )
+    return None
+
+
+def _where(url: str | None, port: int | None) -> str:
+    return f" at {url}" if url else f" on port {port}" if port else ""
+
+
 @command(app, "down")
-def down() -> None:
+def down(
+    url: Annotated[str | None, URL_OPTION] = None,
+    port: Annotated[int | None, PORT_OPTION] = None,
+) -> None:
     """Stop the service and remove every sandbox it owns."""
-    from orchard.env.discovery import running_service
     from orchard.process import process_alive
 
-    state = running_service()
+    state = _named_service(url, port)
     if not state:
-        typer.echo("no Orchard service is running")
+        typer.echo(f"no Orchard service is running{_where(url, port)}")
         return
     pid = state["pid"]
     os.kill(pid, signal.SIGTERM)
@@ -148,12 +184,15 @@ def down() -> None:
 
 
 @command(app, "status")
-def status() -> None:
+def status(
+    url: Annotated[str | None, URL_OPTION] = None,
+    port: Annotated[int | None, PORT_OPTION] = None,
+) -> None:
     """Show the state of the Docker engine, the base image, the service and the store."""
     from orchard.env import images
     from orchard.env.backends.docker import engine_reachable
-    from orchard.env.discovery import running_service
 
+    service = _named_service(url, port)
     engine = engine_reachable()
     typer.echo(f"docker engine : {'running' if engine else NO_ENGINE}")
     if engine:
@@ -164,13 +203,12 @@ def status() -> None:
         built = [images.base_tag(release) for release in others if release not in missing]
         hint = [f"missing {r} (orchard image build-base --release {r})" for r in missing]
         typer.echo(f"other Pythons : {', '.join([*built, *hint])}")
-    service = running_service()
     if service:
-        with _service_client() as client:
+        with _service_client(service["url"]) as client:
             count = len(client.list())
         typer.echo(f"service       : {service['url']} (pid {service['pid']}), {count} sandbox(es)")
     else:
-        typer.echo("service       : not running (orchard up)")
+        typer.echo(f"service       : not running{_where(url, port)} (orchard up)")
     typer.echo(f"store         : {settings().db_url}")
 
 
@@ -183,11 +221,11 @@ def _remove_orphans() -> int:
     return len(manager.reaped_at_start)
 
 
-def _service_client():
+def _service_client(url: str | None = None):
     from orchard.env.client import Client
     from orchard.env.discovery import running_service_url
 
-    url = running_service_url()
+    url = url or running_service_url()
     if not url:
         raise OrchardError("no Orchard service is running: start one with `orchard up` (or set ORCHARD_URL)")
     return Client(url=url)
@@ -231,7 +269,10 @@ def image_build_busybox(
 def sandbox_create(
     image: Annotated[str, typer.Argument(help="Image to run, unmodified.")] = BASE_IMAGE,
     network: Annotated[
-        Literal["blocked", "open"], typer.Option(help="Network access: blocked (loopback only) or open.")
+        Literal["blocked", "dropped", "open"],
+        typer.Option(
+            help="Network access: blocked (loopback only), dropped (as blocked, connections out time out) or open."
+        ),
     ] = "blocked",
     cpu: Annotated[float | None, typer.Option(metavar="CORES", help="CPU cores.")] = None,
     memory: Annotated[str | None, typer.Option(metavar="SIZE", help="Memory limit, e.g. 2Gi.")] = None,
@@ -300,7 +341,7 @@ def sandbox_ls() -> None:
     typer.echo(f"{'ID':<14} {'STATUS':<8} {'NETWORK':<8} {'AGE':>7}  IMAGE")
     for row in rows:
         age = time.time() - row["created_at"]
-        network = "blocked" if row["block_network"] else "open"
+        network = row.get("network") or ("blocked" if row["block_network"] else "open")
         typer.echo(f"{row['sandbox_id']:<14} {row['status']:<8} {network:<8} {age:>6.0f}s  {row['image']}")
 
 

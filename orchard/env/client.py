@@ -795,7 +795,8 @@ def _public(info: SandboxInfo) -> dict:
         "sandbox_id": info.sandbox_id,
         "image": info.spec.image,
         "status": info.status,
-        "block_network": info.spec.network == "blocked",
+        "block_network": info.spec.network != "open",
+        "network": info.spec.network,
         "created_at": info.created_at,
     }
 

@@ -43,7 +43,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO
+from typing import Annotated, Any, BinaryIO, Literal
 
 from fastapi import FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
@@ -100,6 +100,10 @@ log = logging.getLogger("orchard.env.service")
 class CreateSandbox(BaseModel):
     image: StrictStr = Field(min_length=1)
     block_network: bool = True
+    network: Literal["blocked", "dropped", "open"] | None = Field(
+        default=None,
+        description="Extension: overrides block_network; 'dropped' is blocked with connections out timing out.",
+    )
     sandbox_id: StrictStr | None = Field(default=None, pattern=f"^{SANDBOX_ID.pattern}$")
     cpu: str = "4"
     memory: str = "16Gi"
@@ -332,7 +336,8 @@ class Service:
             "sandbox_id": info.sandbox_id,
             "namespace": self.manager.backend.name,
             "image": info.spec.image,
-            "block_network": info.spec.network == "blocked",
+            "block_network": info.spec.network != "open",
+            "network": info.spec.network,
             "cpu": "" if info.spec.cpu is None else f"{info.spec.cpu:g}",
             "memory": "" if info.spec.memory_bytes is None else format_memory(info.spec.memory_bytes),
             "created_at": info.created_at,
@@ -524,7 +529,7 @@ def spec_of(body: CreateSandbox) -> SandboxSpec:
     """The spec a create body asks for; requests above what this host has are clamped."""
     spec = make_spec(
         body.image,
-        network="blocked" if body.block_network else "open",
+        network=body.network or ("blocked" if body.block_network else "open"),
         disk=body.disk,
         tmpfs=dict(body.tmpfs or {}),
         ttl=float(body.ttl),
@@ -610,7 +615,8 @@ def create_app(service: Service) -> FastAPI:
         sizes = service.manager.pools.sizes()
         return {
             "pools": [
-                {"image": s.image, "block_network": s.network == "blocked", "size": n, "ready": r} for s, n, r in sizes
+                {"image": s.image, "block_network": s.network != "open", "network": s.network, "size": n, "ready": r}
+                for s, n, r in sizes
             ]
         }
 

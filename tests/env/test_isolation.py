@@ -1,5 +1,5 @@
 """Attacks from inside a sandbox on what isolates it: its run folder on the host, the processes a
-command leaves behind, the network of `open` sandboxes, the kernel's surface (seccomp), containers
+command leaves behind, the network of `blocked`, `dropped` and `open` sandboxes, the kernel's surface (seccomp), containers
 that only have a sandbox's name, and the agent's accept queue. Each attack is real: a hostile
 process in a real sandbox, the host folder, Docker's own containers and networks."""
 
@@ -367,6 +367,37 @@ def test_open_sandboxes_reach_outside_but_not_each_other_nor_the_host(
         reached = second.exec(ASK.format(gateway, host_service))
         assert not reached.ok and "host" not in reached.stdout, f"an open sandbox reached the host at {gateway}"
         assert "refused" in reached.stderr.lower()  # rejected at once, not left to time out
+
+
+CONNECT = (
+    "python3 -c 'import socket, sys, time; start = time.monotonic()\n"
+    'try: socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1.5).recv(100); print("reached")\n'
+    "except OSError as e: print(type(e).__name__, round(time.monotonic() - start))' {} {}"
+)
+
+
+def test_dropped_sandboxes_time_out_where_blocked_ones_fail_and_neither_reaches_anything(
+    client, base_image, outside, host_service
+):
+    """`dropped` (the grader's network) answers a connection out with a timeout, as a network that
+    drops packets would, `blocked` with an immediate error; neither reaches a server outside nor a
+    service of this host (at the address it has toward that server), and the links `dropped`
+    needs are in the sandbox's namespace only, never in this host's."""
+    host_links = set(os.listdir("/sys/class/net"))
+    targets = [outside, ("198.51.100.1", host_service), ("10.255.255.1", 80)]  # 198.51.100.1: this host
+    with (
+        client.create(base_image, network="blocked") as blocked,
+        client.create(base_image, network="dropped") as dropped,
+    ):
+        for target in targets:
+            assert blocked.exec(CONNECT.format(*target)).stdout == "OSError 0\n", target  # ENETUNREACH, at once
+            assert dropped.exec(CONNECT.format(*target)).stdout == "TimeoutError 2\n", target
+        assert dropped.exec("ls /sys/class/net").stdout.split() == ["lo", "orchard0", "orchard1"]
+        assert (
+            dropped.exec("cat /etc/resolv.conf 2>/dev/null; cat /etc/hosts").stdout
+            == blocked.exec("cat /etc/resolv.conf 2>/dev/null; cat /etc/hosts").stdout
+        )
+    assert set(os.listdir("/sys/class/net")) == host_links
 
 
 # -- the kernel's surface ------------------------------------------------------------------

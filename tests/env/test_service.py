@@ -107,6 +107,19 @@ def test_sandbox_lifecycle_routes(http, base_image):
     assert http.delete(f"/sandboxes/{sandbox_id}").json() == {"status": "deleted", "sandbox_id": sandbox_id}
     assert http.delete(f"/sandboxes/{sandbox_id}").status_code == 200  # idempotent
     assert http.get(f"/sandboxes/{sandbox_id}").status_code == 404
+    assert http.post("/sandboxes", json={"image": base_image, "network": "wide"}).status_code == 422
+
+
+def test_the_network_extension_overrides_block_network(http, remote, base_image):
+    """`network` (ours) says what `block_network` cannot: a `dropped` sandbox, through the SDK too."""
+    with remote.create(base_image, network="dropped") as box:
+        shown = http.get(f"/sandboxes/{box.id}").json()
+        assert (shown["network"], shown["block_network"]) == ("dropped", True)
+        connect = "python3 -c \"import socket; socket.create_connection(('10.255.255.1', 80), timeout=0.5)\""
+        assert "TimeoutError" in box.exec(connect).stderr
+    created = http.post("/sandboxes", json={"image": base_image, "block_network": False, "network": "blocked"}).json()
+    assert (created["network"], created["block_network"]) == ("blocked", True)
+    http.delete(f"/sandboxes/{created['sandbox_id']}")
 
 
 def os_cpus() -> int:

@@ -452,6 +452,28 @@ def test_a_run_that_passes_in_the_report_but_exits_non_zero_is_not_resolved(clie
 
 
 @pytest.mark.docker
+def test_tests_run_on_a_network_that_drops_packets(client, example_task, example_repos):
+    """A test expecting a connection out to time out (as requests' `TestTimeout` does) passes where
+    the grader runs it: no network, and connections out time out rather than fail at once."""
+    from orchard.tasks.grading import grade_patch
+
+    task, image = example_task("orchard-examples__timecalc-1")
+    test = (
+        "import socket\n\nimport pytest\n\n\ndef test_connect_times_out():\n"
+        "    with pytest.raises(TimeoutError):\n        socket.create_connection(('10.255.255.1', 80), timeout=1)\n"
+    )
+    test_patch = task.test_patch + diff(example_repos, task, {"tests/test_net.py": test})
+    task = task.model_copy(
+        update={
+            "test_patch": test_patch,
+            "pass_to_pass": [*task.pass_to_pass, "tests/test_net.py::test_connect_times_out"],
+        }
+    )
+    grade = grade_patch(client, task, task.patch, image)
+    assert grade.outcome == "resolved", (grade.error, grade.pass_to_pass)
+
+
+@pytest.mark.docker
 def test_a_link_moved_out_of_the_tree_by_a_rename_is_refused(client, example_task):
     from orchard.tasks.grading import grade_in
 

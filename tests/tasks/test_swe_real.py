@@ -27,14 +27,6 @@ from orchard.tasks.loading import load_tasks
 pytestmark = [pytest.mark.swe_real, pytest.mark.docker]
 
 ROWS = Path(__file__).parent / "data" / "swe-bench-lite-7.jsonl"
-NEEDS_A_NETWORK = {
-    "psf__requests-3362": [
-        "tests/test_requests.py::TestTimeout::test_connect_timeout",
-        "tests/test_requests.py::TestTimeout::test_total_timeout_connect",
-    ]
-}
-"""Tests that connect to 10.255.255.1 and expect the connection to time out, as it does on a network
-that drops the packets; a `blocked` sandbox has no route at all, so they fail at once."""
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +84,7 @@ def test_gold_resolves_every_instance_and_broken_patches_none(mirror: Path, tmp_
     )
     assert gold.returncode == 0, gold.stdout + gold.stderr
     resolved = set(report_of(tmp_path / "gold.json")["resolved_ids"])
-    assert resolved == {task.instance_id for task in tasks} - set(NEEDS_A_NETWORK), gold.stdout
-    for instance_id, tests in NEEDS_A_NETWORK.items():
-        (report,) = tmp_path.glob(f"runs/*/logs/{instance_id}/report.json")
-        status = report_of(report)[instance_id]["tests_status"]
-        assert status["FAIL_TO_PASS"]["failure"] == [] and status["PASS_TO_PASS"]["failure"] == tests
+    assert resolved == {task.instance_id for task in tasks}, gold.stdout  # requests' connect timeouts too
 
     broken = tmp_path / "broken.jsonl"
     broken.write_text(

@@ -10,7 +10,7 @@ from typing import Literal, Protocol
 
 from orchard.errors import InvalidRequest
 
-Network = Literal["blocked", "open"]
+Network = Literal["blocked", "dropped", "open"]
 
 LABEL_PREFIX = "org.orchard."
 
@@ -31,8 +31,10 @@ class SandboxSpec:
 
     image: str
     network: Network = "blocked"
-    """`blocked`: no interface but loopback (the host still reaches the agent); `open`: out to other hosts only
-    (neither other sandboxes nor this host's services: see the backend's docstring)."""
+    """`blocked`: no interface but loopback (the host still reaches the agent), so a connection out fails at
+    once; `dropped`: as `blocked`, but a connection out times out, as on a network that drops packets
+    (what tests of timeouts expect: graders use it); `open`: out to other hosts only (neither other
+    sandboxes nor this host's services: see the backend's docstring)."""
     cpu: float | None = None
     """CPU cores (fractions allowed); None = no limit."""
     memory_bytes: int | None = None
@@ -159,8 +161,8 @@ def make_spec(
     """Validate what a user asks for (SDK arguments, a service request) into a spec, one clear error per mistake."""
     if not isinstance(image, str) or not image.strip():
         raise InvalidRequest("image must be a non-empty image reference such as orchard/base:bookworm")
-    if network not in ("blocked", "open"):
-        raise InvalidRequest(f"network must be 'blocked' or 'open', not {network!r}")
+    if network not in ("blocked", "dropped", "open"):
+        raise InvalidRequest(f"network must be 'blocked', 'dropped' or 'open', not {network!r}")
     if cpu is not None and not (math.isfinite(cpu) and cpu > 0):
         raise InvalidRequest(f"cpu must be a positive number of cores, not {cpu}")
     if not (math.isfinite(ttl) and ttl > 0):

@@ -27,7 +27,10 @@ the socket alone, else the sandbox fails: code that reached the agent's start th
 `delete` unseals and removes it.
 gVisor's Sentry honours the seal too (it checks the folder's owner and mode as the host reports them).
 
-Network `blocked` means `--network none` (loopback only). Network `open` means the Docker network
+Network `blocked` means `--network none` (loopback only). Network `dropped` is `blocked` plus
+`DROP_ROUTES`, set from the host (`nsenter` into the container's network namespace, run as root)
+right after the start, so connections out time out rather than fail (where it cannot be set up,
+as under runsc, whose network stack is the Sentry's, it stays `blocked`, with a warning). Network `open` means the Docker network
 `orchard-open` (bridge `orchard-open0`, created on first use) with inter-container traffic off,
 plus host firewall rules (`HOST_GUARDS`: iptables INPUT rejects new connections arriving from
 that bridge; DOCKER-USER rejects what it sends to link-local addresses) so that a sandbox
@@ -86,7 +89,18 @@ AGENT_MOUNT = "/.orchard"
 RUN_MOUNT = "/.orchard-run"
 AGENT_PORT = 7000
 LOOPBACK_HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-"""/etc/hosts of a `blocked` sandbox, which has loopback only."""
+"""/etc/hosts of a `blocked` (or `dropped`) sandbox, which has loopback only."""
+DROP_ROUTES = """\
+link add orchard0 type veth peer name orchard1
+link set orchard0 up
+link set orchard1 up
+neigh add 169.254.0.1 lladdr 02:00:00:00:00:01 dev orchard0 nud permanent
+route add default via 169.254.0.1 dev orchard0 onlink
+"""
+"""`ip -batch` lines that make a `dropped` sandbox's connections out time out instead of failing at once:
+a veth pair with both ends inside the sandbox's own network namespace, a default route into one end
+via a made-up neighbour. Packets leave one end and arrive at the other, which drops them (the frames
+are for another host, and the namespace forwards nothing); no packet leaves the namespace."""
 SEALED_UID = 2_147_483_646
 """Owner (uid and gid) of a sealed run folder when Orchard runs as root: no sandbox process has it."""
 OPEN_NETWORK = "orchard-open"
@@ -183,9 +197,9 @@ class DockerBackend:
         from docker.errors import APIError
         from docker.errors import ImageNotFound as DockerImageNotFound
 
-        if self.route == "port" and spec.network == "blocked":
+        if self.route == "port" and spec.network != "open":
             raise ConfigError(
-                "network 'blocked' needs the socket route; this engine only allows a published "
+                f"network {spec.network!r} needs the socket route; this engine only allows a published "
                 "port (Docker Desktop): create the sandbox with network 'open'"
             )
         if self._runtime_has_no_network and spec.network == "open":
@@ -214,7 +228,7 @@ class DockerBackend:
                 ports=[AGENT_PORT] if self.route == "port" else None,
                 # Blocked: not even Docker's network set-up runs (its busiest per-container
                 # work); the container keeps only loopback.
-                network_disabled=spec.network == "blocked",
+                network_disabled=spec.network != "open",
                 detach=True,
             )
         except DockerImageNotFound:
@@ -232,10 +246,16 @@ class DockerBackend:
             self._api.start(container["Id"])
             if self.route == "port":
                 return AgentEndpoint(token=token, url=f"http://127.0.0.1:{self._published_port(container['Id'])}")
+            if spec.network == "dropped":
+                self._drop_packets(container["Id"])
         except APIError as exc:
             self._remove(container["Id"])
             shutil.rmtree(run_dir, ignore_errors=True)
             raise SandboxError(f"Docker could not start {spec.image!r}: {_first_line(exc)}") from None
+        except BaseException:
+            self._remove(container["Id"])
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         return AgentEndpoint(token=token, uds=str(run_dir / "agent.sock"))
 
     def state(self, sandbox_id: str) -> SandboxState:
@@ -419,11 +439,11 @@ class DockerBackend:
             Mount(AGENT_MOUNT, str(self.bundle.path), type="bind", read_only=True),
             Mount(RUN_MOUNT, str(run_dir), type="bind"),
         ]
-        if spec.network == "blocked":  # Docker writes no /etc/hosts without networking
+        if spec.network != "open":  # Docker writes no /etc/hosts without networking
             mounts.append(Mount("/etc/hosts", str(self._loopback_hosts), type="bind", read_only=True))
         return self._api.create_host_config(
             mounts=mounts,
-            network_mode="none" if spec.network == "blocked" else OPEN_NETWORK,
+            network_mode="none" if spec.network != "open" else OPEN_NETWORK,
             port_bindings={AGENT_PORT: ("127.0.0.1", None)} if self.route == "port" else None,
             init=True,
             cap_drop=["ALL"],
@@ -435,6 +455,50 @@ class DockerBackend:
             tmpfs={path: f"size={size},mode=1777" for path, size in spec.tmpfs.items()} or None,
             runtime=self.config.runtime,
         )
+
+    def _drop_packets(self, container: str) -> None:
+        """Add `DROP_ROUTES` to the started container's network namespace (never to this host's own).
+
+        Where this host cannot (no root, no `nsenter` or `ip`, runsc), the sandbox stays `blocked`,
+        which is as closed, and a warning says so: connections out then fail at once.
+        """
+        nsenter = shutil.which("nsenter") or shutil.which("nsenter", path="/usr/bin:/bin")
+        ip = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin")
+        if self._runtime_has_no_network or nsenter is None or ip is None:
+            why = (
+                f"the {self.config.runtime!r} runtime has its own network"
+                if self._runtime_has_no_network
+                else ("no nsenter or ip command (apt-get install util-linux iproute2)")
+            )
+            log.warning("network 'dropped' stays 'blocked' (connections out fail at once): %s", why)
+            return
+        pid = self._api.inspect_container(container)["State"]["Pid"]
+        try:
+            netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise SandboxError(f"cannot open the sandbox's network namespace: {exc.strerror or exc}") from None
+        try:
+            found, own = os.fstat(netns), os.stat("/proc/self/ns/net")
+            # Held open, the namespace is the container's even if its pid is reused from here on.
+            if (found.st_dev, found.st_ino) == (own.st_dev, own.st_ino) or (
+                self._api.inspect_container(container)["State"]["Pid"] != pid
+            ):
+                raise SandboxError("the sandbox stopped while its network was set up")
+            done = subprocess.run(
+                [nsenter, f"--net=/proc/self/fd/{netns}", ip, "-batch", "-"],
+                input=DROP_ROUTES,
+                pass_fds=(netns,),
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+        finally:
+            os.close(netns)
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[0]
+            log.warning(
+                "network 'dropped' stays 'blocked' (connections out fail at once): %s; run Orchard as root", why
+            )
 
     def _published_port(self, container: str) -> int:
         ports = self._api.inspect_container(container)["NetworkSettings"]["Ports"]
