@@ -76,12 +76,16 @@ class PatchResult:
 
 @dataclass(frozen=True)
 class FileInfo:
-    """One entry of a folder listing."""
+    """One entry of a folder listing, in the published API's shape.
+
+    `size` is `st_size`, a folder's too; `modified` is the sandbox's local time as
+    `"%Y-%m-%dT%H:%M:%S"` (no zone, whole seconds), or None where a service leaves it out.
+    """
 
     name: str
     type: str
     size: int
-    modified: float
+    modified: str | None = None
 
 
 class Response(Protocol):
@@ -163,7 +167,8 @@ def raise_for_status(response: Response) -> None:
         return
     try:
         body = response.json()
-        message = body.get("detail") or body.get("error") or response.text
+        detail = body.get("detail")  # a 422's is FastAPI's list of problems; `message` has them in a line
+        message = (detail if isinstance(detail, str) else body.get("message")) or body.get("error") or response.text
     except ValueError:
         message = response.text or response.reason_phrase
     if not isinstance(message, str):
@@ -396,7 +401,9 @@ class ServiceCalls:
     ) -> Call:
         if stdin is not None:
             raise InvalidRequest("stdin is not part of the service API; pipe a file instead")
+        # `concurrent`: as embedded, commands of one sandbox run side by side, not through its FIFO
         body: dict[str, Any] = {"command": check_command(command), "login_shell": login_shell, "wait": True}
+        body["concurrent"] = True
         if session is not None:
             body["session"] = session
         if timeout is not None:
@@ -504,7 +511,7 @@ class ServiceSandboxes:
             sandbox = response.json()
             if sandbox["status"] == "failed":
                 raise SandboxError(sandbox.get("status_message") or "the sandbox failed to start")
-            return sandbox["sandbox_id"]
+            return check_sandbox_id(sandbox["sandbox_id"])  # it goes into URL paths: never a path of its own
 
         body = _sandbox_body(spec)
         if sandbox_id:

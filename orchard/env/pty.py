@@ -1,6 +1,6 @@
 """Interactive terminals in sandboxes: the PTY frames, their two transports and a terminal loop.
 
-A terminal speaks the JSON frames of `ORCHARD_ENV_API.md` (client: `init`, `stdin`, `signal`,
+A terminal speaks the JSON frames of `docs/api.md` (client: `init`, `stdin`, `signal`,
 `resize`, `close`; server: `ready`, `stdout`, `exit`, `error`). Straight to an agent they travel
 one per line over an upgraded HTTP connection (`POST /pty`, `Upgrade: orchard-pty`); through the
 service, one per WebSocket message on `/sandboxes/{id}/exec/pty`. The service only relays them.
@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchard.env.transport import MAX_HEADERS, _address, _Connection, open_agent_connection
-from orchard.errors import AgentError, InvalidRequest
+from orchard.errors import AgentError, InvalidRequest, NotFound
 
 if TYPE_CHECKING:
     from websockets.typing import Subprotocol
@@ -130,7 +130,7 @@ class Terminal(_Seen):
         self._frames.send({"type": "resize", "rows": rows, "cols": cols})
 
     def signal(self, sig: str) -> None:
-        """Send TERM, KILL, INT, HUP or QUIT to the terminal's process group."""
+        """Send TERM, KILL, INT, HUP or QUIT (any case; another name means TERM) to the terminal's process group."""
         self._frames.send({"type": "signal", "sig": sig})
 
     def recv(self) -> dict[str, Any] | None:
@@ -178,7 +178,7 @@ class AsyncTerminal(_Seen):
         await self._frames.send({"type": "resize", "rows": rows, "cols": cols})
 
     async def signal(self, sig: str) -> None:
-        """Send TERM, KILL, INT, HUP or QUIT to the terminal's process group."""
+        """Send TERM, KILL, INT, HUP or QUIT (any case; another name means TERM) to the terminal's process group."""
         await self._frames.send({"type": "signal", "sig": sig})
 
     async def recv(self) -> dict[str, Any] | None:
@@ -326,7 +326,13 @@ def _service_refusal(url: str, exc: Exception) -> Exception:
         status = exc.response.status_code
         if status in (401, 403):
             return InvalidRequest(f"the service refused the API key (HTTP {status}); check ORCHARD_API_KEY")
-        return AgentError(f"the service refused the terminal (HTTP {status})")
+        try:
+            detail = json.loads(exc.response.body or b"{}").get("detail")
+        except (ValueError, AttributeError):
+            detail = None
+        if status == 404:
+            return NotFound(detail or "no such sandbox, or it is not ready")
+        return AgentError(f"the service refused the terminal (HTTP {status}){f': {detail}' if detail else ''}")
     return AgentError(f"could not open a terminal through {url}: {exc}")
 
 

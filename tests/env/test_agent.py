@@ -232,6 +232,31 @@ def test_login_shell_reads_profile_and_bashrc(client: httpx.Client, ws: Path) ->
     assert answer["stdout"] == b"login\nrc=yes\n"
 
 
+GUARDED_BASHRC = """\
+# If not running interactively, don't do anything (Debian, Ubuntu, SWE-bench images)
+case $- in
+    *i*) ;;
+      *) return;;
+esac
+export FROM_BASHRC=yes
+alias echo='echo aliased'
+"""
+
+
+def test_login_shell_gets_past_the_interactivity_guard_of_bashrc(client: httpx.Client, ws: Path) -> None:
+    """As published, a login shell is interactive while ~/.bashrc runs, so its guard lets the
+    rest (conda activation, in SWE-bench images) run; the command then runs with no aliases and
+    no job control, and bash's complaint that it has no terminal for job control is dropped,
+    while the command's own stderr, even the same words, is kept."""
+    (ws / ".bashrc").write_text(GUARDED_BASHRC)
+    command = "echo rc=$FROM_BASHRC; sleep 0 & wait; echo 'no job control in this shell' >&2; [[ $- != *m* ]]"
+    answer = run(client, command, env={"HOME": str(ws)}, login_shell=True)
+    assert (answer["exit_code"], answer["stdout"]) == (0, b"rc=yes\n")
+    assert answer["stderr"] == b"no job control in this shell\n"
+    answer = run(client, "echo rc=$FROM_BASHRC", env={"HOME": str(ws)})
+    assert (answer["stdout"], answer["stderr"]) == (b"rc=\n", b"")
+
+
 def test_missing_cwd_and_file_cwd_are_400(client: httpx.Client, ws: Path) -> None:
     response = client.post("/exec", json={"command": "true", "cwd": "/nonexistent/orchard"})
     assert response.status_code == 400
@@ -497,19 +522,32 @@ def test_interrupted_upload_leaves_nothing(agent: Agent, ws: Path) -> None:
     assert list(ws.iterdir()) == []
 
 
-def test_list_files_with_a_broken_symlink(client: httpx.Client, ws: Path) -> None:
+def test_list_files_in_the_published_shape_with_a_broken_symlink(client: httpx.Client, ws: Path) -> None:
+    """As published: a folder's ``size`` is its ``st_size``, ``modified`` the local time in whole
+    seconds with no zone; unlike published (500), a broken link is listed, with its own time."""
     (ws / "b.txt").write_bytes(b"12345")
     (ws / "a_dir").mkdir()
     (ws / "c_link").symlink_to(ws / "b.txt")
     (ws / "d_broken").symlink_to(ws / "nowhere")
+    os.utime(ws / "b.txt", (0, 1_700_000_000.75))
+    os.utime(ws / "d_broken", (0, 1_600_000_000.25), follow_symlinks=False)
     response = client.get("/files/list", params={"path": str(ws)})
     assert response.status_code == 200
     listing = response.json()
     assert listing["path"] == str(ws)
     rows = [(f["name"], f["type"], f["size"]) for f in listing["files"]]
-    assert rows[0][:2] == ("a_dir", "directory")
-    assert rows[1:] == [("b.txt", "file", 5), ("c_link", "file", 5), ("d_broken", "file", 0)]
-    assert all(isinstance(f["modified"], float) for f in listing["files"])
+    assert rows == [
+        ("a_dir", "directory", (ws / "a_dir").stat().st_size),
+        ("b.txt", "file", 5),
+        ("c_link", "file", 5),
+        ("d_broken", "file", 0),
+    ]
+    assert rows[0][2] > 0  # not 0 for a folder
+    local = {f["name"]: f["modified"] for f in listing["files"]}
+    assert local["b.txt"] == local["c_link"] == time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(1_700_000_000))
+    assert local["d_broken"] == time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(1_600_000_000))
+    a_dir = time.localtime((ws / "a_dir").stat().st_mtime)
+    assert local["a_dir"] == time.strftime("%Y-%m-%dT%H:%M:%S", a_dir)
 
 
 def test_list_errors(client: httpx.Client, ws: Path) -> None:

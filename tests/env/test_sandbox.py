@@ -54,10 +54,26 @@ def test_list_command_is_quoted_not_joined(box):
     assert result.stdout == '[a b]\n[it\'s]\n["q"]\n[$HOME]\n'
 
 
-def test_login_shell_sources_bashrc(box):
-    box.write_file("/root/.bashrc", "export FROM_BASHRC=yes\n")
+GUARDED_BASHRC = """\
+# If not running interactively, don't do anything (Debian, Ubuntu, SWE-bench images)
+case $- in
+    *i*) ;;
+      *) return;;
+esac
+export FROM_BASHRC=yes
+"""
+
+
+def test_login_shell_sources_bashrc_past_its_interactivity_guard(box, tiny):
+    """As published, a login shell sources ~/.bashrc interactively, so the guard at its top does
+    not stop it; bash's complaint about having no terminal for job control is not in stderr.
+    Without bash (busybox), ``sh -l`` still runs."""
+    box.write_file("/root/.bashrc", GUARDED_BASHRC)
     assert box.exec("echo ${FROM_BASHRC:-no}").stdout == "no\n"
-    assert box.exec("echo ${FROM_BASHRC:-no}", login_shell=True).stdout == "yes\n"
+    result = box.exec("echo ${FROM_BASHRC:-no}; sleep 0 & wait", login_shell=True)
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "yes\n", "")
+    result = tiny.exec("echo hi; echo err >&2", login_shell=True)
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "hi\n", "err\n")
 
 
 def test_timeout_kills_a_grandchild_that_ignores_sigterm(box):
@@ -98,8 +114,11 @@ def test_files_round_trip_and_listing(box, tmp_path: Path):
     assert box.read_file("/data/deep/er/file.bin") == payload
     box.write_file("rel.txt", "relative")
     assert box.read_file("/workspace/rel.txt") == b"relative"
-    names = {f.name: f.type for f in box.list_files("/data/deep")}
-    assert names == {"er": "directory"}
+    box.exec("touch -d '2024-02-29 13:14:15.9' /data/deep/er")
+    entries = box.list_files("/data/deep")
+    assert [(f.name, f.type) for f in entries] == [("er", "directory")]
+    assert entries[0].size == int(box.exec("stat -c %s /data/deep/er").stdout) > 0  # st_size, as published
+    assert entries[0].modified == "2024-02-29T13:14:15"  # local time, as touch read it; no fraction
     with pytest.raises(NotFound):
         box.read_file("/data/missing")
     with pytest.raises(InvalidRequest):

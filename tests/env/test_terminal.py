@@ -18,7 +18,7 @@ from websockets.sync.client import connect
 
 from orchard.env import Client
 from orchard.env.pty import init_frame
-from orchard.errors import InvalidRequest
+from orchard.errors import InvalidRequest, NotFound
 
 pytestmark = pytest.mark.docker
 
@@ -78,20 +78,56 @@ def test_commands_and_cwd_and_login_shell(box):
         assert b"hello-login" in term.read_until(b"hello-login")
 
 
-def test_bad_frames_get_error_frames(box):
+GUARDED_BASHRC = """\
+# If not running interactively, don't do anything (Debian, Ubuntu, SWE-bench images)
+case $- in
+    *i*) ;;
+      *) return;;
+esac
+export FROM_BASHRC=yes
+"""
+
+
+def test_a_login_terminal_gets_past_the_bashrc_guard(box):
+    """As published, a login terminal's command runs after ~/.bashrc, sourced interactively so
+    that its "not interactive: return" guard lets the rest run; the command stays in the process
+    group that signals reach (the shell, interactive, ignores TERM itself)."""
+    box.write_file("/tmp/guarded/.bashrc", GUARDED_BASHRC)
+    cmd = ["sh", "-c", "echo rc=$FROM_BASHRC.; sleep 20"]
+    with box.terminal(cmd, env={"HOME": "/tmp/guarded"}, login_shell=True) as term:
+        out = term.read_until(b".\r\n")
+        assert b"rc=yes." in out and b"job control" not in out
+        term.signal("TERM")
+        assert term.wait() == 128 + 15
+
+
+def test_bad_init_frames_get_error_frames(box):
     with box.terminal(["/no/such/program"]) as term:
         frame = term.recv()
         assert frame["type"] == "error" and "could not start /no/such/program" in frame["message"]
     with box.terminal(cwd="/no/such/dir") as term:
         assert term.recv() == {"type": "error", "message": "cwd is not a directory: /no/such/dir"}
+
+
+def test_later_frames_that_make_no_sense_are_ignored(box):
+    """As published: clients (the published SDK among them) stop at the first error frame, so a
+    bad resize, an unknown type, bad base64 or a line that is no frame get none; an unknown
+    signal name means TERM, and names are taken in any case."""
     with box.terminal(["cat"]) as term:
         term.recv()
         term._frames.send({"type": "resize", "rows": 0, "cols": 80})
-        assert term.recv() == {"type": "error", "message": "rows must be an integer from 1 to 65535"}
+        term._frames.send({"type": "resize", "rows": "many"})
         term._frames.send({"type": "dance"})
-        assert "unknown frame type 'dance'" in term.recv()["message"]
-        term.write("still here\n")  # errors in later frames do not end the terminal
-        term.read_until(b"still here\r\n")
+        term._frames.send({"type": "stdin", "data": "not base64!"})
+        term._frames.sock.sendall(b'not json\n[1, 2]\n{"type": 5}\n' + b"x" * (2 << 20) + b"\n")
+        term.write("still here\n")
+        term.read_until(b"still here\r\n")  # an error frame would raise here
+        term.signal("NOSUCH")
+        assert term.wait() == -15
+    with box.terminal(["sleep", "100"]) as term:
+        term.recv()
+        term.signal("quit")
+        assert term.wait() == -3
 
 
 def test_a_shell_in_an_image_without_python_or_bash(client, busybox_image):
@@ -128,8 +164,11 @@ def test_terminals_through_the_service(service, base_image):
         with Client(url=url, api_key="wrong") as stranger, pytest.raises(InvalidRequest, match="API key"):
             stranger.attach(box.id).terminal()
 
-        with connect(f"{ws_url.replace(box.id, 'sb-nosuch')}?api_key={key}") as ws:
-            assert json.loads(ws.recv()) == {"type": "error", "message": "no sandbox 'sb-nosuch'"}
+        with pytest.raises(InvalidStatus) as refused:  # refused at the handshake, as published
+            connect(f"{ws_url.replace(box.id, 'sb-nosuch')}?api_key={key}")
+        assert refused.value.response.status_code == 404
+        with Client(url=url, api_key=key) as client, pytest.raises(NotFound, match="no sandbox 'sb-nosuch'"):
+            client.attach("sb-nosuch").terminal()
 
 
 def test_orchard_sandbox_shell_from_a_real_terminal(service, base_image, tmp_path):

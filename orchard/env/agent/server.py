@@ -29,8 +29,11 @@ limit 413 (JSON bodies 256 MiB, uploads 1 GiB; a command 16 MiB). Relative paths
     as an open file of memory (``memfd_create``: no path, nothing on disk) that it reads and
     runs with ``eval``: the same but for syntax errors, reported as ``eval: line N``; exit code
     126 when it cannot be read (without ``memfd_create``, a file in the agent's private folder,
-    as for sessions). ``login_shell`` uses ``bash -l`` and sources ``~/.bashrc``. ``cwd`` defaults to the workdir (created if
-    missing, ``/`` if it cannot be). The child's environment
+    as for sessions). ``login_shell`` runs ``bash --login -i`` and sources ``~/.bashrc``
+    first, as published (interactive, so past the usual "not interactive: return" guard), then
+    runs the command as a plain ``bash -c`` would (no job control, aliases or job numbers);
+    bash's job-control warnings are dropped from the start of stderr (``sh -l`` without bash).
+    ``cwd`` defaults to the workdir (created if missing, ``/`` if it cannot be). The child's environment
     is the agent's minus its runtime variables (``PYTHONHOME``, ``PYTHONPATH``,
     ``LD_LIBRARY_PATH``, ``ORCHARD_AGENT_*``, ...), with a default ``PATH`` and ``HOME``, then
     ``env`` on top. ``stdin`` is base64 (otherwise stdin is ``/dev/null``). ``max_output`` caps
@@ -77,8 +80,10 @@ limit 413 (JSON bodies 256 MiB, uploads 1 GiB; a command 16 MiB). Relative paths
 
 ``GET /files/list?path=P``
     ``{"path": abs, "files": [{"name", "type": "file"|"directory", "size", "modified"}]}``
-    sorted by name (``size`` is 0 for folders, ``modified`` a Unix time); symlinks are
-    followed, a broken one is listed as a file of size 0. Missing: 404; a file: 400.
+    sorted by name, as published: ``size`` is ``st_size`` (a folder's too), ``modified`` the
+    sandbox's local time as ``"%Y-%m-%dT%H:%M:%S"`` (no zone, whole seconds); symlinks are
+    followed, a broken one is listed as a file of size 0 (published answers 500). Missing: 404;
+    a file: 400.
 
 ``GET /archive?path=P``
     An uncompressed tar (``application/x-tar``) of the file or folder P, named by its basename.
@@ -99,13 +104,17 @@ limit 413 (JSON bodies 256 MiB, uploads 1 GiB; a command 16 MiB). Relative paths
     An interactive terminal. Answered ``101 Switching Protocols``; from then on both sides send
     one JSON frame per line, the frames of the service's WebSocket PTY route: the client's first
     frame (within 10 s) is ``{"type": "init", "cmd": [str]|null, "env": {}, "cwd": str|null,
-    "rows": int, "cols": int, "login_shell": bool}`` (no ``cmd``: the shell, interactive); the
-    agent answers ``{"type": "ready", "pid"}``, then ``{"type": "stdout", "data": base64}``
-    frames (stdout and stderr merged, at most 64 KiB each), then ``{"type": "exit", "code"}``
-    (minus the signal number when killed by one) and closes. Client frames after init:
-    ``stdin {data: base64}``, ``signal {sig: TERM|KILL|INT|HUP|QUIT}`` (to the process group),
-    ``resize {rows, cols}``, ``close`` (TERM). A client that hangs up ends the process too (HUP,
-    then KILL 2 s later). Errors: ``{"type": "error", "message"}``, then close.
+    "rows": int, "cols": int, "login_shell": bool}`` (no ``cmd``: the shell, interactive;
+    ``login_shell`` with a ``cmd`` runs it as ``/exec`` does, after ``~/.bashrc``); the agent
+    answers ``{"type": "ready", "pid"}``, then ``{"type": "stdout", "data": base64}`` frames
+    (stdout and stderr merged, at most 64 KiB each), then ``{"type": "exit", "code"}`` (minus
+    the signal number when killed by one) and closes. Client frames after init:
+    ``stdin {data: base64}``, ``signal {sig: TERM|KILL|INT|HUP|QUIT}`` (to the process group;
+    any case; another name means TERM), ``resize {rows, cols}``, ``close`` (TERM). As published,
+    a later frame that makes no sense (not JSON, an unknown type, bad base64, a size out of 1 to
+    65535) is ignored: clients end the session at the first error frame. A client that hangs up
+    ends the process too (HUP, then KILL 2 s later). A bad ``init``, or a process that cannot
+    start: ``{"type": "error", "message"}``, then close.
 
 Security notes
 --------------
@@ -177,6 +186,16 @@ AGENT_ENV_VARS = frozenset({"PYTHONHOME", "PYTHONPATH", "LD_LIBRARY_PATH", "PYTH
 AGENT_ENV_PREFIX = "ORCHARD_AGENT_"
 BASH_PATHS = ("/bin/bash", "/usr/bin/bash")
 SH_PATH = "/bin/sh"
+LOGIN_BASH = (
+    'if [ -f ~/.bashrc ]; then . ~/.bashrc 2>/dev/null; fi; set +m; shopt -u expand_aliases\n(eval "$__orchard_script")'
+)
+"""The end of a login bash's ``-c``, once ``$__orchard_script`` holds the script: ``~/.bashrc``,
+then the script as ``-c`` would parse it, in a subshell, which bash makes non-interactive (so no
+``[1] PID`` line on stderr for each ``&``). (A ``^C`` still ends the shell as an interactive one,
+status 1, as published.)"""
+JOB_CONTROL_WARNINGS = (b"cannot set terminal process group", b"no job control in this shell")
+"""What an interactive bash without a terminal writes to stderr first, a line each."""
+MAX_WARNING_LINE = 512
 SUBREAPER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bin", "orchard-subreaper")
 REAPED = [SUBREAPER] if os.access(SUBREAPER, os.X_OK) else []
 """Put in front of every command's argv: it becomes a child subreaper, then execs the command."""
@@ -255,23 +274,40 @@ class Shell:
             return cls(SH_PATH, False)
         return cls(None, False)
 
-    def argv(self, script: str, login: bool) -> list[str]:
-        """The argv running ``script``; raises ``FileNotFoundError`` without any shell."""
+    def argv(self, script: str, login: bool, fd: int | None = None) -> list[str]:
+        """The argv running ``script``; raises ``FileNotFoundError`` without any shell. With
+        ``fd``, ``script`` is ``from_fd(fd)``: it reads the real script from that open file.
+
+        A login bash is also interactive (``-i``), as published, so that ``~/.bashrc`` runs past
+        the ``case $- in *i*)`` guard that Debian, Ubuntu and SWE-bench images put at its top
+        (their conda activation comes after it). Once it ran, the script runs as it would
+        without ``-i``, functions and variables kept: no job control (commands stay in the
+        shell's process group, which signals reach), no aliases, no job numbers printed (see
+        `LOGIN_BASH`). Without a terminal such a bash first warns that it has no job control;
+        `JobControlQuiet` drops those lines. ``sh`` is only made a login shell.
+        """
         if self.path is None:
             raise FileNotFoundError("no shell found (looked for /bin/bash, /usr/bin/bash, /bin/sh)")
         if not login:
             return [self.path, "-c", script]
-        if self.is_bash:
-            return [self.path, "-l", "-c", f"source ~/.bashrc 2>/dev/null\n{script}"]
-        return [self.path, "-l", "-c", script]
+        if not self.is_bash:
+            return [self.path, "-l", "-c", script]
+        if fd is None:  # the script is $1
+            return [self.path, "--login", "-i", "-c", f"__orchard_script=$1; set --\n{LOGIN_BASH}", self.path, script]
+        return [self.path, "--login", "-i", "-c", f"{self.read_fd(fd)}\n{LOGIN_BASH}", self.path]
+
+    def read_fd(self, fd: int) -> str:
+        """A command that reads the script in the open file ``fd`` into ``$__orchard_script``
+        and closes the file (what the script starts does not inherit it); exit 126 when it
+        cannot be read. (Bash's ``$(<&N)`` reads nothing; its ``/dev/fd/N`` is emulated where
+        the system has none.)"""
+        read = f"$(</dev/fd/{fd})" if self.is_bash else f"$(cat <&{fd})"
+        return f"__orchard_script={read} || exit 126; exec {fd}<&-"
 
     def from_fd(self, fd: int) -> str:
-        """A command that reads the script in the open file ``fd``, closes the file (what the
-        script starts does not inherit it) and runs the script as ``-c`` would (``eval``); exit
-        126 when it cannot be read. (Bash's ``$(<&N)`` reads nothing; its ``/dev/fd/N`` is
-        emulated where the system has none.)"""
-        read = f"$(</dev/fd/{fd})" if self.is_bash else f"$(cat <&{fd})"
-        return f'__orchard_script={read} || exit 126; exec {fd}<&-; eval "$__orchard_script"'
+        """A command that reads the script in the open file ``fd`` (``read_fd``), then runs it as
+        ``-c`` would (``eval``)."""
+        return f'{self.read_fd(fd)}; eval "$__orchard_script"'
 
     @staticmethod
     def from_file(path: str) -> str:
@@ -398,6 +434,46 @@ class Capture:
         dropped = self.total - len(self.head) - len(tail)
         return b"".join((self.head, f"\n[orchard: {dropped} bytes truncated]\n".encode(), tail))
 
+    def end(self) -> None:
+        """The stream ended: nothing more will be fed."""
+
+
+class JobControlQuiet(Capture):
+    """The stderr of a login bash (interactive, with no terminal): the job-control warnings it
+    writes before anything else are dropped, as published ("cannot set terminal process group",
+    "no job control in this shell"). Only the stream's first lines are looked at, while each is
+    one of those warnings, so nothing the command or its profile writes is touched."""
+
+    __slots__ = ("pending", "warnings")
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.pending: bytearray | None = bytearray()
+        self.warnings = list(JOB_CONTROL_WARNINGS)
+
+    def feed(self, chunk: bytes) -> None:
+        if self.pending is None:
+            super().feed(chunk)
+            return
+        self.pending += chunk
+        while self.warnings:
+            end = self.pending.find(b"\n", 0, MAX_WARNING_LINE)
+            if end < 0:
+                if len(self.pending) < MAX_WARNING_LINE:
+                    return  # the rest of the line is still to come
+                break
+            warning = next((w for w in self.warnings if w in self.pending[:end]), None)
+            if warning is None:
+                break
+            self.warnings.remove(warning)
+            del self.pending[: end + 1]
+        self.end()
+
+    def end(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = bytes(self.pending), None
+            super().feed(pending)
+
 
 class ProcessResult:
     """The outcome of one process run."""
@@ -461,11 +537,14 @@ def run_process(
     timeout: float | None = None,
     max_output: int = DEFAULT_MAX_OUTPUT,
     pass_fds: tuple[int, ...] = (),
+    quiet_job_control: bool = False,
 ) -> ProcessResult:
     """Run argv in its own session, capturing output without polling; kill its tree on timeout.
-    ``pass_fds`` stay open in it, under their numbers (the subreaper execs with them)."""
+    ``pass_fds`` stay open in it, under their numbers (the subreaper execs with them).
+    ``quiet_job_control``: argv is an interactive bash, whose job-control warnings are dropped."""
     start = time.monotonic()
-    result = ProcessResult(Capture(max_output), Capture(max_output))
+    stderr = JobControlQuiet(max_output) if quiet_job_control else Capture(max_output)
+    result = ProcessResult(Capture(max_output), stderr)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     in_r, in_w = os.pipe() if stdin is not None else (subprocess.DEVNULL, -1)
@@ -492,6 +571,7 @@ def run_process(
             _close(fd)
     streams = {out_r: result.stdout, err_r: result.stderr}
     exited, result.timed_out = _pump(proc, streams, in_w, stdin or b"", timeout)
+    result.stderr.end()
     if exited:
         code = proc.wait()
         result.exit_code = 128 - code if code < 0 else code
@@ -1011,22 +1091,25 @@ def parse_mode(raw: str | None) -> int | None:
 # -- files and archives --------------------------------------------------------------------
 
 
-def list_entry(entry: os.DirEntry[str]) -> dict[str, object]:
-    """One listing row; symlinks are followed, a broken one is a file of size 0."""
+LISTING_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
+"""A listing's ``modified``: the sandbox's local time, whole seconds, no zone (the published API's format)."""
+
+
+def list_entry(entry: os.DirEntry[str]) -> dict[str, object] | None:
+    """One listing row (None for an entry removed while we list); symlinks are followed, a
+    broken one is a file of size 0 with the link's own time."""
     try:
-        st = entry.stat()
+        st, broken = entry.stat(), False
     except OSError:
         try:
-            modified = entry.stat(follow_symlinks=False).st_mtime
+            st, broken = entry.stat(follow_symlinks=False), True
         except OSError:  # removed while we were listing
-            modified = 0.0
-        return {"name": entry.name, "type": "file", "size": 0, "modified": modified}
-    is_dir = stat.S_ISDIR(st.st_mode)
+            return None
     return {
         "name": entry.name,
-        "type": "directory" if is_dir else "file",
-        "size": 0 if is_dir else st.st_size,
-        "modified": st.st_mtime,
+        "type": "directory" if not broken and stat.S_ISDIR(st.st_mode) else "file",
+        "size": 0 if broken else st.st_size,  # a folder's own size too (often 4096), as published
+        "modified": time.strftime(LISTING_TIME_FORMAT, time.localtime(st.st_mtime)),
     }
 
 
@@ -1337,7 +1420,7 @@ class AgentHandler(socketserver.StreamRequestHandler):
         agent = self.server.agent
         with long_command(script, agent) as (command, fds):
             try:
-                argv = agent.shell.argv(command, login)
+                argv = agent.shell.argv(command, login, fds[0] if fds else None)
             except FileNotFoundError as exc:
                 self.send_exec(ProcessResult(Capture(0), Capture(0), error=str(exc)))
                 return
@@ -1350,6 +1433,7 @@ class AgentHandler(socketserver.StreamRequestHandler):
                 timeout=timeout,
                 max_output=max_output,
                 pass_fds=fds,
+                quiet_job_control=login and agent.shell.is_bash,
             )
         note_oom(result, ooms)
         self.send_exec(result, timeout)
@@ -1427,7 +1511,8 @@ class AgentHandler(socketserver.StreamRequestHandler):
             raise ApiError(400, f"not a directory: {path}")
         try:
             with os.scandir(path) as entries:
-                files = sorted((list_entry(e) for e in entries), key=lambda f: str(f["name"]))
+                rows = [row for row in map(list_entry, entries) if row is not None]
+            files = sorted(rows, key=lambda f: str(f["name"]))
         except PermissionError:
             raise ApiError(403, f"permission denied: {path}") from None
         self.send_json(200, {"path": path, "files": files})
@@ -1545,7 +1630,7 @@ class Terminal:
         elif shell is None:
             raise ApiError(400, "no shell found (looked for /bin/bash, /usr/bin/bash, /bin/sh)")
         elif cmd:
-            argv = [shell, "-l", "-c", shlex.join(cmd)]
+            argv = self.agent.shell.argv(shlex.join(cmd), login=True)
         else:
             argv = [shell, "-l"] if login else [shell]
         rows, cols = self.size(frame)
@@ -1626,12 +1711,14 @@ class Terminal:
             self.sock.shutdown(socket.SHUT_RDWR)  # ends read_input
 
     def read_input(self, master: int) -> None:
+        """Client frames, until the connection ends. A frame that makes no sense is dropped
+        without a word, as published: clients (the published SDK among them) end the session at
+        the first ``error`` frame, which a typo in a signal name must not do."""
         assert self.proc is not None
         while True:
             try:
                 frame = self.read_frame()
-            except ApiError as exc:
-                self.fail(exc.message)
+            except ApiError:  # not JSON, not an object, or too large
                 continue
             except OSError:
                 return
@@ -1640,28 +1727,15 @@ class Terminal:
             kind = frame["type"]
             if kind == "stdin":
                 data = frame.get("data")
-                try:
-                    raw = base64.b64decode(data if isinstance(data, str) else "", validate=True)
-                except ValueError:
-                    self.fail("stdin data must be base64")
-                    continue
-                with contextlib.suppress(OSError):
-                    os.write(master, raw)
+                with contextlib.suppress(ValueError, OSError):
+                    os.write(master, base64.b64decode(data if isinstance(data, str) else "", validate=True))
             elif kind == "signal":
-                sig = PTY_SIGNALS.get(str(frame.get("sig", "")).upper())
-                if sig is None:
-                    self.fail(f"sig must be one of {', '.join(PTY_SIGNALS)}")
-                    continue
-                self.signal(sig)
+                self.signal(PTY_SIGNALS.get(str(frame.get("sig", "")).upper(), signal.SIGTERM))
             elif kind == "resize":
-                try:
+                with contextlib.suppress(ApiError, OSError):
                     set_window_size(master, *self.size(frame))
-                except ApiError as exc:
-                    self.fail(exc.message)
             elif kind == "close":
                 self.signal(signal.SIGTERM)
-            else:
-                self.fail(f"unknown frame type {kind!r}: use stdin, signal, resize or close")
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None
