@@ -61,7 +61,7 @@ class SandboxInfo:
 
 
 def new_sandbox_id() -> str:
-    """A short random id (short keeps socket paths within the 107-byte limit)."""
+    """A random id of 12 hex digits (any valid id works: the host reaches an agent's socket through a pinned fd, not its path)."""
     return secrets.token_hex(6)
 
 
@@ -249,7 +249,7 @@ class SandboxManager:
             return None
         spec = SandboxSpec(
             image=record.image,
-            network="open" if record.network == "open" else "blocked",
+            network="open" if record.network == "open" else "dropped" if record.network == "dropped" else "blocked",
             cpu=record.cpu,
             memory_bytes=record.memory_bytes,
             ttl=record.ttl,

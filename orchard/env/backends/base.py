@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, overload
 
 from orchard.errors import InvalidRequest
 
@@ -14,14 +15,31 @@ Network = Literal["blocked", "dropped", "open"]
 
 LABEL_PREFIX = "org.orchard."
 
-SANDBOX_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
-"""What a sandbox id may be: it names a container, a folder and a URL path, so nothing path-like."""
+SANDBOX_ID = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*")
+"""The shape of a sandbox id, as Kubernetes takes it for the published service's pods: a DNS-1123
+subdomain (dot-separated labels of lowercase letters, digits and '-', each starting and ending with a
+letter or digit). Its length is bounded apart (`SANDBOX_ID_MAX_LENGTH`: this pattern is also handed
+to pydantic, whose regex engine has no look-ahead); use `is_sandbox_id` for the whole rule.
+
+An id names a container (`orchard-<id>`), a folder on the host and a URL path segment, so nothing
+path-like may pass: no '/', and no empty label, hence no '.' or '..' of its own."""
+
+SANDBOX_ID_MAX_LENGTH = 63
+"""The longest sandbox id: the published service puts it in a Kubernetes label value (at most 63)."""
+
+
+def is_sandbox_id(text: object) -> bool:
+    """Whether `text` is a sandbox id Kubernetes would take: `SANDBOX_ID`, at most 63 characters."""
+    return isinstance(text, str) and len(text) <= SANDBOX_ID_MAX_LENGTH and SANDBOX_ID.fullmatch(text) is not None
 
 
 def check_sandbox_id(sandbox_id: str) -> str:
-    """Refuse ids that are not 1-40 of [a-z0-9-] (no `..`, no `/`), with a clear message."""
-    if not isinstance(sandbox_id, str) or not SANDBOX_ID.fullmatch(sandbox_id):
-        raise InvalidRequest(f"sandbox id {sandbox_id!r} is invalid: use 1-40 lowercase letters, digits or '-'")
+    """`sandbox_id` if it is one (`is_sandbox_id`), else a one-line InvalidRequest that says what an id is."""
+    if not is_sandbox_id(sandbox_id):
+        raise InvalidRequest(
+            f"sandbox id {sandbox_id!r} is invalid: use up to {SANDBOX_ID_MAX_LENGTH} lowercase letters, "
+            "digits, '-' or '.', starting and ending with a letter or digit"
+        )
     return sandbox_id
 
 
@@ -101,6 +119,10 @@ class Backend(Protocol):
 
     name: str
 
+    def pod_name(self, sandbox_id: str) -> str:
+        """The name of what runs the sandbox in the engine (a container, a Pod), as operators see it."""
+        ...
+
     def create(self, sandbox_id: str, spec: SandboxSpec, token: str) -> AgentEndpoint:
         """Start the sandbox with the agent injected; return at once, before the agent answers."""
         ...
@@ -126,31 +148,94 @@ class Backend(Protocol):
         ...
 
 
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_UNITS |= {f"{unit}i": 2 ** (10 * power) for power, unit in enumerate("kmgt", start=1)}
+_QUANTITY = re.compile(
+    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?", re.ASCII
+)
+"""A Kubernetes quantity (`k8s.io/apimachinery/pkg/api/resource`), case-sensitive: a signed decimal
+number, then a binary suffix (`Ki` = 2^10 ... `Ei` = 2^60), a decimal one (`n u m` = 10^-9, 10^-6,
+10^-3; `k M G T P E` = 10^3 ... 10^18) or an exponent (`e3`, `E-2`), never two of them (`1e3m` is
+refused, as Kubernetes refuses it). So `16gi`, `2g`, `512MB` and `1_000` are not quantities."""
+
+_SUFFIXES: dict[str, tuple[int, int]] = {"": (10, 0), "n": (10, -9), "u": (10, -6), "m": (10, -3)}
+_SUFFIXES |= {unit: (10, 3 * power) for power, unit in enumerate("kMGTPE", start=1)}
+_SUFFIXES |= {f"{unit}i": (2, 10 * power) for power, unit in enumerate("KMGTPE", start=1)}
+
+_MAX_INT64 = 2**63 - 1
+_NANO = decimal.Decimal("1e-9")
 
 
-def parse_memory(memory: str | int | None) -> int | None:
-    """Bytes from `16Gi`, `512Mi`, `2g`, `1000000` or an int (Kubernetes and Docker spellings)."""
+def _quantity(text: object, what: str, examples: str, most: str) -> decimal.Decimal:
+    """The exact value of the Kubernetes quantity `text` (an int is its digits), rounded up to 10^-9.
+
+    Kubernetes trims surrounding whitespace and rounds a finer value away from zero to 10^-9 (so
+    a tiny positive quantity stays positive); so does this. A value beyond 10^20 is refused here as
+    too large before it is built (an exponent may be huge), as is a non-positive one.
+    """
+    match = _QUANTITY.fullmatch(str(text).strip())
+    if match is None:
+        raise InvalidRequest(f"{what} {text!r} is not a Kubernetes quantity: use e.g. {examples}")
+    number = decimal.Decimal(match["number"])
+    suffix = match["suffix"] or ""
+    base, power = _SUFFIXES.get(suffix) or (10, int(suffix[1:]) if len(suffix) < 40 else 2**63)
+    if not -(2**63) <= power < 2**63:  # Kubernetes reads the exponent as an int64
+        raise InvalidRequest(f"{what} {text!r} is not a Kubernetes quantity: its exponent is out of range")
+    if number <= 0:
+        raise InvalidRequest(f"{what} must be positive, not {text!r}")
+    magnitude = number.adjusted() + (power if base == 10 else power * 0.302)  # log10 of the value, about
+    if magnitude > 20:
+        raise InvalidRequest(f"{what} {text!r} is too large: {most}")
+    if magnitude < -10:
+        return _NANO  # below 10^-9: Kubernetes rounds it up to 10^-9
+    digits = len(number.as_tuple().digits)
+    with decimal.localcontext(prec=digits + 40):  # enough for every digit: exact
+        value = number.scaleb(power) if base == 10 else number * 2**power
+        return value.quantize(_NANO, rounding=decimal.ROUND_UP)
+
+
+@overload
+def parse_memory(memory: str | int, what: str = "memory") -> int: ...
+@overload
+def parse_memory(memory: None, what: str = "memory") -> None: ...
+def parse_memory(memory: str | int | None, what: str = "memory") -> int | None:
+    """Bytes from a Kubernetes quantity (`16Gi`, `512Mi`, `1G`, `1e9`, an int); None for None.
+
+    Kubernetes' spellings exactly (see `_QUANTITY`: `m` is milli, `M` mega; `16gi` is refused), so a
+    size means here what it means to the published service's pods. A quantity that is not a whole
+    number of bytes rounds up, as Kubernetes rounds it; at most 2^63-1 bytes. `what` names the
+    value in errors (`disk`, `tmpfs /scratch`).
+    """
     if memory is None:
         return None
-    text = str(memory).strip().lower()
-    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = text[len(number) :].removesuffix("b")
-    try:
-        value = int(float(number) * _UNITS[unit])
-    except (ValueError, KeyError, OverflowError):
-        raise InvalidRequest(f"memory {memory!r} is not a size: use e.g. 512Mi, 2Gi or a number of bytes") from None
-    if value <= 0:
-        raise InvalidRequest(f"memory must be positive, not {memory!r}")
+    most = "at most 2^63-1 bytes"
+    value = math.ceil(_quantity(memory, what, "512Mi, 16Gi or 1G", most))
+    if value > _MAX_INT64:
+        raise InvalidRequest(f"{what} {memory!r} is too large: {most}")
     return value
+
+
+@overload
+def parse_cpu(cpu: str | float) -> float: ...
+@overload
+def parse_cpu(cpu: None) -> None: ...
+def parse_cpu(cpu: str | float | None) -> float | None:
+    """CPU cores from a Kubernetes quantity (`2`, `0.5`, `2000m`, `1e3`, a number); None for None.
+
+    Rounded up to a whole millicore, the finest share the kubelet gives a container (`100u` is 1m).
+    """
+    if cpu is None:
+        return None
+    most = "at most 2^63-1 millicores"
+    millicores = math.ceil(_quantity(cpu, "cpu", "2, 0.5 or 500m", most) * 1000)
+    if millicores > _MAX_INT64:
+        raise InvalidRequest(f"cpu {cpu!r} is too large: {most}")
+    return millicores / 1000
 
 
 def make_spec(
     image: str,
     *,
     network: Network = "blocked",
-    cpu: float | None = None,
+    cpu: str | float | None = None,
     memory: str | int | None = None,
     disk: str | int | None = None,
     tmpfs: dict[str, str | int] | None = None,
@@ -163,8 +248,6 @@ def make_spec(
         raise InvalidRequest("image must be a non-empty image reference such as orchard/base:bookworm")
     if network not in ("blocked", "dropped", "open"):
         raise InvalidRequest(f"network must be 'blocked', 'dropped' or 'open', not {network!r}")
-    if cpu is not None and not (math.isfinite(cpu) and cpu > 0):
-        raise InvalidRequest(f"cpu must be a positive number of cores, not {cpu}")
     if not (math.isfinite(ttl) and ttl > 0):
         raise InvalidRequest(f"ttl must be positive seconds, not {ttl}")
     folders: dict[str, int] = {}
@@ -175,16 +258,15 @@ def make_spec(
             or path.rstrip("/") in ("", "/.orchard", "/.orchard-run")
         ):
             raise InvalidRequest(f"tmpfs path {path!r} must be an absolute folder other than / and Orchard's own")
-        parsed = parse_memory(size)
-        if not parsed:
-            raise InvalidRequest(f"tmpfs {path} needs a size such as 512Mi, not {size!r}")
-        folders[path] = parsed
+        if size is None:
+            raise InvalidRequest(f"tmpfs {path} needs a size such as 512Mi")
+        folders[path] = parse_memory(size, f"tmpfs {path}")
     return SandboxSpec(
         image=image,
         network=network,
-        cpu=cpu,
+        cpu=parse_cpu(cpu),
         memory_bytes=parse_memory(memory),
-        disk_bytes=parse_memory(disk),
+        disk_bytes=parse_memory(disk, "disk"),
         tmpfs=folders,
         ttl=ttl,
         env=dict(env or {}),
