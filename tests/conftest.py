@@ -183,6 +183,13 @@ def service(docker_client, base_image, busybox_image, tmp_path_factory) -> Itera
         yield running
 
 
+@pytest.fixture(scope="module")
+def default_service(docker_client, base_image, tmp_path_factory) -> Iterator[tuple[str, str]]:
+    """A service with the default settings, shared by a module."""
+    with running_service(tmp_path_factory.mktemp("service-store") / "orchard.db") as running:
+        yield running
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A real PostgreSQL server on a Unix socket in a temporary folder (no TCP port at all)."""

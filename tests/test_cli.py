@@ -61,9 +61,9 @@ def test_user_mistakes_are_one_line_errors(service, monkeypatch):
     for argv, needle in [
         (["sandbox", "exec", "nosuchbox", "true"], "no sandbox 'nosuchbox'"),
         (["sandbox", "create", "orchard/nope:0"], "image 'orchard/nope:0' not found"),
-        (["sandbox", "create", "--memory", "lots"], "memory 'lots' is not a size"),
-        (["sandbox", "create", "--network", "wide"], "network must be 'blocked', 'dropped' or 'open'"),
-        (["sandbox", "create", "--memory", "1e400"], "memory '1e400' is not a size"),
+        (["sandbox", "create", "--memory", "lots"], "memory 'lots' is not a Kubernetes quantity"),
+        (["sandbox", "create", "--network", "wide"], "--network must be one of 'blocked', 'dropped', 'open'"),
+        (["sandbox", "create", "--memory", "1e400"], "memory '1e400' is too large"),
         (["sandbox", "rm", ".."], "sandbox id '..' is invalid"),
     ]:
         result = runner.invoke(app, argv)
@@ -204,7 +204,7 @@ def test_every_help_page_reads_as_a_command_line():
         seen += 1
     assert seen > 25  # the root, every group and every command
     create = runner.invoke(app, ["sandbox", "create", "--help"], env={"COLUMNS": "120"}).output
-    assert "blocked|open" in create and "[IMAGE]" in create
+    assert "blocked|dropped|open" in create and "[IMAGE]" in create
     assert (
         "eval|collect|credit|sft|rl|value|bench"
         in runner.invoke(app, ["runs", "ls", "--help"], env={"COLUMNS": "120"}).output

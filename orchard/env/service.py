@@ -1,15 +1,20 @@
 """`orchard up`: the Orchard Env REST API over a sandbox manager.
 
-Routes, fields and status codes follow `ORCHARD_ENV_API.md` (the API of the published Orchard
-Env service) so its clients work unchanged. Extensions: `GET /sandboxes` (list), `GET/PUT
-/sandboxes/{id}/archive` (folders as tar), `ttl`, `env` and `run_id` on create, and on jobs
-`truncated`, `timed_out`, `stdout_bytes`, `stderr_bytes`, `rejected` (the agent refused the
-request itself, e.g. a missing cwd) and `output_dropped`; `session` on exec (a persistent shell)
-and `DELETE /sandboxes/{id}/shell`; `POST/GET /pools` (warm pools). Beyond `max_starting`
-sandboxes starting or `max_running` commands running, requests get 503 with Retry-After, before
-anything is done; so does a client past its fair share of `max_running` (`Service._take_slot`).
-A duplicate `sandbox_id` is 409. An image that cannot be found gives 200 with `status: "failed"`
-and the reason, at once. An exec on a pending sandbox waits for it (up to `timeout_seconds`).
+Routes, fields and status codes follow `docs/api.md` (the API of the published Orchard
+Env service) so its clients work unchanged: `null` (and a timeout of 0) means a field's default;
+cpu and memory are Kubernetes quantities, echoed as sent (`allocated` says what the sandbox got
+on this host); a sandbox's jobs and patches run one at a time in submission order; 422s carry
+FastAPI's `detail` list; every answer has an `X-Request-ID` (the client's, when it sent one).
+Extensions: `GET /sandboxes` (list), `GET/PUT /sandboxes/{id}/archive` (folders as tar), `ttl`,
+`env`, `run_id` and `network` (`dropped`) on create, and on jobs `truncated`, `timed_out`,
+`stdout_bytes`, `stderr_bytes`, `rejected` (the agent refused the request itself, e.g. a missing
+cwd) and `output_dropped`; `session` on exec (a persistent shell), `concurrent` (run beside the
+sandbox's other jobs) and `DELETE /sandboxes/{id}/shell`; `POST/GET /pools` (warm pools); a
+422's one-line `message`. Beyond `max_starting` sandboxes starting or `max_running` commands
+running, requests get 503 with Retry-After, before anything is done; so does a client past its
+fair share of `max_running` (`Service._take_slot`). A duplicate `sandbox_id` is 409. An image
+that cannot be found gives 200 with `status: "failed"` and the reason, at once. An exec on a
+pending sandbox waits for it (up to `timeout_seconds`); on a failed one it is 404.
 
 The service holds one keep-alive connection to each sandbox's agent (a Unix socket locally) and
 runs commands as jobs on the event loop; Docker is called only to create and delete. Every route
@@ -33,28 +38,39 @@ import dataclasses
 import functools
 import hmac
 import logging
-import math
 import os
+import re
 import secrets
+import socket
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO, Literal
+from typing import Annotated, Any, BinaryIO, ClassVar, Literal
 
 from fastapi import FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field, StrictStr, field_validator
+from pydantic import BaseModel, Field, StrictStr, field_validator, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from orchard import __version__
 from orchard.config import private_file, private_folder, settings
 from orchard.env.backends import DockerConfig, backend_config
-from orchard.env.backends.base import SANDBOX_ID, SandboxSpec, check_sandbox_id, make_spec, parse_memory
+from orchard.env.backends.base import (
+    SANDBOX_ID,
+    SANDBOX_ID_MAX_LENGTH,
+    SandboxSpec,
+    is_sandbox_id,
+    make_spec,
+    parse_cpu,
+    parse_memory,
+)
 from orchard.env.calls import ARCHIVE_LIMIT, READ_LIMIT, AgentCalls, ExecResult, asend, command_text
 from orchard.env.discovery import remove_state, write_state
 from orchard.env.manager import SandboxInfo, SandboxManager, async_agent_http, new_sandbox_id
@@ -97,16 +113,34 @@ log = logging.getLogger("orchard.env.service")
 # -- request bodies (extra fields are ignored, as clients of the published API may send more) --
 
 
-class CreateSandbox(BaseModel):
+class Body(BaseModel):
+    """A request body where `null` means the field's default, as in the published service (its
+    SDK sends `"timeout_seconds": null` for every exec without a timeout); a timeout of 0 too."""
+
+    zero_is_default: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if v is not None and not (k in cls.zero_is_default and v == 0)}
+
+
+class CreateSandbox(Body):
+    zero_is_default = ("timeout",)
+
     image: StrictStr = Field(min_length=1)
     block_network: bool = True
     network: Literal["blocked", "dropped", "open"] | None = Field(
         default=None,
         description="Extension: overrides block_network; 'dropped' is blocked with connections out timing out.",
     )
-    sandbox_id: StrictStr | None = Field(default=None, pattern=f"^{SANDBOX_ID.pattern}$")
-    cpu: str = "4"
-    memory: str = "16Gi"
+    sandbox_id: StrictStr | None = Field(
+        default=None, max_length=SANDBOX_ID_MAX_LENGTH, pattern=f"^{SANDBOX_ID.pattern}$"
+    )
+    cpu: StrictStr = Field(default="4", description="A Kubernetes CPU quantity: '2', '0.5', '2000m'.")
+    memory: StrictStr = Field(default="16Gi", description="A Kubernetes memory quantity: '512Mi', '16Gi', '1G'.")
     timeout: int = Field(default=3600, gt=0, description="Seconds; a sandbox not ready within timeout + 600 is reaped.")
     disk: StrictStr | None = Field(default=None, description="Extension: cap on filesystem writes, e.g. 10Gi.")
     tmpfs: dict[StrictStr, StrictStr] | None = Field(default=None, description="Extension: in-memory folders.")
@@ -117,15 +151,13 @@ class CreateSandbox(BaseModel):
     @field_validator("cpu")
     @classmethod
     def _cores(cls, cpu: str) -> str:
-        cores = float(cpu) if _is_number(cpu) else math.nan
-        if not (math.isfinite(cores) and cores > 0):
-            raise ValueError(f"cpu {cpu!r} is not a positive number of cores such as '2' or '0.5'")
+        parse_cpu(cpu)  # InvalidRequest is a ValueError: pydantic reports it with the field
         return cpu
 
     @field_validator("memory")
     @classmethod
     def _size(cls, memory: str) -> str:
-        parse_memory(memory)  # InvalidRequest is a ValueError: pydantic reports it with the field
+        parse_memory(memory)
         return memory
 
 
@@ -133,7 +165,9 @@ class PoolBody(CreateSandbox):
     size: int = Field(ge=0, le=256, description="How many sandboxes of this kind to keep started.")
 
 
-class ExecBody(BaseModel):
+class ExecBody(Body):
+    zero_is_default = ("timeout_seconds",)
+
     command: StrictStr | list[StrictStr] = Field(min_length=1)
     timeout_seconds: float = Field(default=300, gt=0, allow_inf_nan=False)
     cwd: StrictStr | None = None
@@ -143,25 +177,22 @@ class ExecBody(BaseModel):
     session: StrictStr | None = Field(
         default=None, max_length=64, description="Extension: run in this persistent shell session."
     )
+    concurrent: bool = Field(
+        default=False, description="Extension: run beside the sandbox's other jobs, not after them in order."
+    )
 
 
-class PatchBody(BaseModel):
+class PatchBody(Body):
+    zero_is_default = ("timeout_seconds",)
+
     patch: StrictStr
     timeout_seconds: float = Field(default=30, gt=0, allow_inf_nan=False)
 
 
-class FileBody(BaseModel):
+class FileBody(Body):
     path: StrictStr = Field(min_length=1)
     content: StrictStr
     mode: int | None = Field(default=None, ge=0, le=0o7777)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 # -- state ----------------------------------------------------------------------------------
@@ -253,6 +284,10 @@ class Service:
         self.ready: dict[str, asyncio.Event] = {}
         self.heartbeats: dict[str, float] = {}
         self.jobs: dict[str, Job] = {}
+        self.asked: dict[str, tuple[str, str]] = {}
+        """The cpu and memory each sandbox was created with, as sent: answers echo them."""
+        self.queues: dict[str, asyncio.Lock] = {}
+        """Per sandbox, the FIFO its jobs (and patches) run through one at a time, in submission order."""
         self.kept_output_bytes = kept_output_bytes
         self._kept: dict[str, int] = {}
         """Finished jobs that still hold output, oldest first, and the bytes each holds."""
@@ -280,10 +315,12 @@ class Service:
                 pooled = self.manager.claim(pooled, spec.run_id)
                 assert pooled.endpoint is not None
                 self.agents[pooled.sandbox_id] = async_agent_http(pooled.endpoint)
+                self.asked[pooled.sandbox_id] = (body.cpu, body.memory)
                 return {**self.describe(pooled), "timeout": body.timeout}
         if self._starting >= self.max_starting:  # refuse now rather than pile up: nothing was done
             raise Overloaded(f"{self._starting} sandboxes are starting already; retry shortly")
         sandbox_id = body.sandbox_id or new_sandbox_id()
+        self.asked[sandbox_id] = (body.cpu, body.memory)
         self._starting += 1
         try:
             info = await run_in_threadpool(self.manager.launch, spec, sandbox_id=sandbox_id)
@@ -320,6 +357,8 @@ class Service:
 
     async def info(self, sandbox_id: str) -> dict[str, Any]:
         """A live sandbox (its container checked), or a failed one from the store; 404 otherwise."""
+        if not is_sandbox_id(sandbox_id):
+            raise NotFound(f"no sandbox {sandbox_id!r}")
         info: SandboxInfo | None
         try:
             info = await run_in_threadpool(self.manager.check_alive, sandbox_id)
@@ -332,18 +371,27 @@ class Service:
         return self.describe(info)
 
     def describe(self, info: SandboxInfo) -> dict[str, Any]:
+        """The API's sandbox object; `cpu` and `memory` as asked, `allocated` what it got here."""
+        spec = info.spec
+        cpu, memory = self.asked.get(info.sandbox_id) or (  # one this service did not create: what it has
+            "" if spec.cpu is None else f"{spec.cpu:g}",
+            "" if spec.memory_bytes is None else format_memory(spec.memory_bytes),
+        )
         return {
             "sandbox_id": info.sandbox_id,
             "namespace": self.manager.backend.name,
-            "image": info.spec.image,
-            "block_network": info.spec.network != "open",
-            "network": info.spec.network,
-            "cpu": "" if info.spec.cpu is None else f"{info.spec.cpu:g}",
-            "memory": "" if info.spec.memory_bytes is None else format_memory(info.spec.memory_bytes),
+            "image": spec.image,
+            "pod_name": self.manager.backend.pod_name(info.sandbox_id),
+            "block_network": spec.network != "open",
+            "cpu": cpu,
+            "memory": memory,
             "created_at": info.created_at,
             "ready": info.ready,
             "status": info.status,
-            "status_message": info.status_message,
+            "status_message": info.status_message or "",
+            # extensions
+            "network": spec.network,
+            "allocated": {"cpu": spec.cpu, "memory_bytes": spec.memory_bytes},
         }
 
     async def wait(self, sandbox_id: str, timeout: float) -> dict[str, Any]:
@@ -354,9 +402,13 @@ class Service:
         return await self.info(sandbox_id)
 
     async def delete(self, sandbox_id: str) -> None:
-        check_sandbox_id(sandbox_id)
+        """Delete a sandbox; an id that never was one (or is no valid id) is already deleted."""
+        if not is_sandbox_id(sandbox_id):
+            return
         event = self.ready.pop(sandbox_id, None)
         self.heartbeats.pop(sandbox_id, None)
+        self.asked.pop(sandbox_id, None)
+        self.queues.pop(sandbox_id, None)
         await self._drop_agent(sandbox_id)
         await run_in_threadpool(self.manager.delete, sandbox_id)
         if event is not None:
@@ -368,14 +420,20 @@ class Service:
             await agent.aclose()
 
     async def agent(self, sandbox_id: str, wait: float = 0.0) -> AsyncAgentChannel:
-        """The connection to a sandbox's agent, waiting up to `wait` s for a pending sandbox."""
+        """The connection to a sandbox's agent, waiting up to `wait` s for a pending sandbox; 404
+        (as published) for one that is unknown, failed or still not ready."""
         agent = self.agents.get(sandbox_id)
         if agent is None:
-            status = (await self.wait(sandbox_id, wait))["status"]  # 404 when unknown
+            found = await self.wait(sandbox_id, wait)  # 404 when unknown
             agent = self.agents.get(sandbox_id)
             if agent is None:
-                raise InvalidRequest(f"sandbox {sandbox_id} is {status}, not ready")
+                why = f": {found['status_message']}" if found["status_message"] else ""
+                raise NotFound(f"sandbox {sandbox_id} is {found['status']}, its agent not ready{why}")
         return agent
+
+    def queue(self, sandbox_id: str) -> asyncio.Lock:
+        """The FIFO of a sandbox's jobs (an asyncio lock hands itself over in the order asked)."""
+        return self.queues.setdefault(sandbox_id, asyncio.Lock())
 
     # jobs
 
@@ -392,7 +450,8 @@ class Service:
             self._free_slot(client)
             raise
         self.jobs[job.job_id] = job
-        self.spawn(self._run(job, agent, body, client))
+        queue = contextlib.nullcontext() if body.concurrent else self.queue(sandbox_id)
+        self.spawn(self._run(job, agent, body, client, queue))
         return job
 
     def _take_slot(self, client: str) -> None:
@@ -424,8 +483,15 @@ class Service:
         if held:
             self._held[client] = held
 
-    async def _run(self, job: Job, agent: AsyncAgentChannel, body: ExecBody, client: str) -> None:
-        job.status, job.started_at = "running", time.time()
+    async def _run(
+        self,
+        job: Job,
+        agent: AsyncAgentChannel,
+        body: ExecBody,
+        client: str,
+        queue: contextlib.AbstractAsyncContextManager,
+    ) -> None:
+        """Run the job once its turn in the sandbox's FIFO comes; its timeout counts from then."""
         try:
             call = AgentCalls().exec(
                 body.command,
@@ -435,7 +501,9 @@ class Service:
                 login_shell=body.login_shell,
                 session=body.session,
             )
-            answer = await asend(agent, call)
+            async with queue:
+                job.status, job.started_at = "running", time.time()
+                answer = await asend(agent, call)
             job.result = result = dataclasses.replace(answer, raw_stdout=b"", raw_stderr=b"")  # text is enough
         except OrchardError as exc:
             job.error = str(exc)
@@ -452,7 +520,8 @@ class Service:
         job.status = "succeeded" if result.exit_code == 0 else "failed"
         job.completed_at = time.time()
         outcome = dataclasses.replace(result, stdout="", stderr="")  # the store keeps no output
-        self.manager.record_exec(job.sandbox_id, job.command, outcome, job.started_at, job_id=job.job_id)
+        started = job.started_at or job.created_at
+        self.manager.record_exec(job.sandbox_id, job.command, outcome, started, job_id=job.job_id)
         self._keep_output(job)
         job.done.set()
 
@@ -498,21 +567,27 @@ class Service:
         """Forget old jobs; reap sandboxes whose heartbeats stopped. Never stops on an error."""
         while True:
             await asyncio.sleep(self.housekeep_interval)
-            now = time.time()
-            for job_id, job in list(self.jobs.items()):
-                if job.completed_at and now - job.completed_at > JOB_KEEP_SECONDS:
-                    self.jobs.pop(job_id, None)
-                    self._kept_total -= self._kept.pop(job_id, 0)
-            for sandbox_id in list(self.agents):  # reaped at their TTL by the manager meanwhile
-                if not self.manager.knows(sandbox_id):
-                    self.ready.pop(sandbox_id, None)
-                    await self._drop_agent(sandbox_id)
-            for sandbox_id, beat in list(self.heartbeats.items()):
-                if now - beat > self.heartbeat_silence:
-                    try:
-                        await self.delete(sandbox_id)
-                    except Exception:  # try again next round
-                        log.exception("could not reap silent sandbox %s", sandbox_id)
+            try:
+                await self._housekeep_once(time.time())
+            except Exception:  # the store or the engine may be briefly unreachable: next round
+                log.exception("housekeeping failed; retrying in %.1f s", self.housekeep_interval)
+
+    async def _housekeep_once(self, now: float) -> None:
+        for job_id, job in list(self.jobs.items()):
+            if job.completed_at and now - job.completed_at > JOB_KEEP_SECONDS:
+                self.jobs.pop(job_id, None)
+                self._kept_total -= self._kept.pop(job_id, 0)
+        for sandbox_id in list(self.agents):  # reaped at their TTL by the manager meanwhile
+            if not self.manager.knows(sandbox_id):
+                self.ready.pop(sandbox_id, None)
+                await self._drop_agent(sandbox_id)
+        for sandbox_id, beat in list(self.heartbeats.items()):
+            if now - beat > self.heartbeat_silence:
+                try:
+                    await self.delete(sandbox_id)
+                except Exception:  # try again next round
+                    self.heartbeats.setdefault(sandbox_id, beat)
+                    log.exception("could not reap silent sandbox %s", sandbox_id)
 
     async def close(self) -> None:
         """Close agent connections, delete every sandbox, run the close hooks."""
@@ -536,7 +611,7 @@ def spec_of(body: CreateSandbox) -> SandboxSpec:
         env=dict(body.env or {}),
         run_id=body.run_id,
     )
-    cpu = min(float(body.cpu), float(os.cpu_count() or 1))
+    cpu = min(parse_cpu(body.cpu), float(os.cpu_count() or 1))
     return dataclasses.replace(spec, cpu=cpu, memory_bytes=min(parse_memory(body.memory) or 0, host_memory()))
 
 
@@ -586,18 +661,32 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/resources")
     def resources() -> dict:
+        """The published shape: this host is the one node; a sandbox's requests are what it got."""
         live = service.manager.list()
         total = {"cpu": float(os.cpu_count() or 1), "memory_bytes": host_memory()}
-        used_cpu = sum(s.spec.cpu or 0 for s in live)
-        used_memory = sum(s.spec.memory_bytes or 0 for s in live)
+        requested = {
+            "cpu": float(sum(s.spec.cpu or 0 for s in live)),
+            "memory_bytes": sum(s.spec.memory_bytes or 0 for s in live),
+        }
+        namespace = service.manager.backend.name
         return {
             "status": "ok",
+            "nodes": [{"name": socket.gethostname(), "capacity": total, "allocatable": total}],
             "total_capacity": total,
-            "available": {
-                "cpu": max(total["cpu"] - used_cpu, 0.0),
-                "memory_bytes": max(total["memory_bytes"] - used_memory, 0),
-            },
-            "sandbox_pods": [s.sandbox_id for s in live],
+            "total_allocatable": total,
+            "total_requested": requested,
+            "available": {key: max(total[key] - requested[key], 0) for key in total},
+            "sandbox_pods": [
+                {
+                    "name": service.manager.backend.pod_name(s.sandbox_id),
+                    "namespace": namespace,
+                    "phase": "Running" if s.ready else "Pending",
+                    "cpu_request": float(s.spec.cpu or 0),
+                    "memory_request_bytes": s.spec.memory_bytes or 0,
+                    "sandbox_id": s.sandbox_id,  # extension
+                }
+                for s in live
+            ],
         }
 
     @app.post("/sandboxes")
@@ -629,7 +718,7 @@ def create_app(service: Service) -> FastAPI:
         return await service.info(sandbox_id)
 
     @app.get("/sandboxes/{sandbox_id}/wait")
-    async def wait_sandbox(sandbox_id: str, timeout: Annotated[float, Query(ge=0)] = 300.0) -> Response:
+    async def wait_sandbox(sandbox_id: str, timeout: Annotated[float, Query(ge=0)] = 3600.0) -> Response:
         info = await service.wait(sandbox_id, timeout)
         if info["status"] == "pending":
             return JSONResponse({"detail": f"sandbox {sandbox_id} not ready within {timeout:g} s"}, 408)
@@ -674,11 +763,15 @@ def create_app(service: Service) -> FastAPI:
             if offered.startswith("api_key."):
                 key, subprotocol = offered.removeprefix("api_key."), offered
         if service.api_key is not None and not (key and hmac.compare_digest(key.encode(), service.api_key.encode())):
-            await websocket.close(code=1008, reason="missing or wrong API key")  # HTTP 403 to the handshake
+            await _refuse(websocket, 403, "missing or wrong API key")
+            return
+        try:
+            agent = await service.agent(sandbox_id)
+        except OrchardError as exc:  # unknown, failed or not ready
+            await _refuse(websocket, 404, str(exc))
             return
         await websocket.accept(subprotocol=subprotocol)
         try:
-            agent = await service.agent(sandbox_id)
             reader, writer = await open_agent_relay(agent.endpoint)
         except OrchardError as exc:
             await websocket.send_json({"type": "error", "message": str(exc)})
@@ -689,7 +782,8 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/sandboxes/{sandbox_id}/apply_patch")
     async def apply_patch(sandbox_id: str, body: PatchBody) -> dict:
         agent = await service.agent(sandbox_id)
-        result = await asend(agent, AgentCalls().apply_patch(body.patch, body.timeout_seconds))
+        async with service.queue(sandbox_id):  # after the jobs before it, as published
+            result = await asend(agent, AgentCalls().apply_patch(body.patch, body.timeout_seconds))
         return dataclasses.asdict(result)
 
     @app.post("/sandboxes/{sandbox_id}/files")
@@ -740,6 +834,15 @@ def create_app(service: Service) -> FastAPI:
         return await asend(await service.agent(sandbox_id), AgentCalls().put_archive(path, tar))
 
     return app
+
+
+async def _refuse(websocket: WebSocket, status: int, detail: str) -> None:
+    """Refuse a WebSocket at its handshake: an HTTP answer with `detail` where the server can send
+    one (uvicorn can), else a close before the accept, which is HTTP 403 (as published)."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(JSONResponse({"detail": detail}, status))
+    else:
+        await websocket.close(code=4000 + status, reason=detail[:120])
 
 
 def _chunks_of(file: BinaryIO) -> Iterator[bytes]:
@@ -809,6 +912,7 @@ class GuardRequests:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        send = _with_request_id(send, _request_id(scope))
         refusal = self._refusal(scope)
         if refusal is not None:
             status, detail = refusal
@@ -854,6 +958,30 @@ class GuardRequests:
         return capped
 
 
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+"""A client's X-Request-ID we echo; any other gets a fresh one (it lands in logs and headers)."""
+
+
+def _request_id(scope: dict) -> str:
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            text = value.decode("latin-1")
+            return text if REQUEST_ID.fullmatch(text) else str(uuid.uuid4())
+    return str(uuid.uuid4())
+
+
+def _with_request_id(send: Any, request_id: str) -> Any:
+    """`send`, adding `X-Request-ID` to the response's headers."""
+    header = (b"x-request-id", request_id.encode())
+
+    async def tagged(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), header]}
+        await send(message)
+
+    return tagged
+
+
 def _too_large(limit: int) -> HTTPException:
     return HTTPException(413, f"upload too large: at most {limit / 2**20:g} MiB per request")
 
@@ -864,11 +992,13 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def malformed(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        """FastAPI's `detail` list, as published clients read it, and our one line in `message`."""
         problems = []
         for error in exc.errors():
             where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
             problems.append(f"{where}: {error.get('msg')}")
-        return detail(422, "; ".join(problems))
+        errors = jsonable_encoder(exc.errors(), custom_encoder={Exception: str})
+        return JSONResponse({"detail": errors, "message": "; ".join(problems)}, status_code=422)
 
     @app.exception_handler(OrchardError)
     async def orchard_error(_request: Request, exc: OrchardError) -> JSONResponse:

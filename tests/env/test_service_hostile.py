@@ -184,7 +184,7 @@ def test_one_client_cannot_take_every_command_slot(start_service, tmp_path, busy
                 flood = [
                     flooder.post(
                         f"/sandboxes/{sandbox_id}/exec",
-                        json={"command": "sleep 120", "timeout_seconds": 120},
+                        json={"command": "sleep 120", "timeout_seconds": 120, "concurrent": True},
                         headers={"X-Forwarded-For": f"198.51.100.{i}"},  # claims no address: the peer's counts
                     )
                     for i in range(20)
@@ -194,7 +194,9 @@ def test_one_client_cannot_take_every_command_slot(start_service, tmp_path, busy
                 assert len(accepted) + len(refused) == 20 and 0 < len(accepted) < 8
                 assert "share" in refused[0].json()["detail"]
 
-                mine = other.post(f"/sandboxes/{sandbox_id}/exec", json={"command": "echo mine", "wait": True})
+                mine = other.post(  # beside the flood (a FIFO would put it after)
+                    f"/sandboxes/{sandbox_id}/exec", json={"command": "echo mine", "wait": True, "concurrent": True}
+                )
                 assert mine.status_code == 200 and mine.json()["stdout"] == "mine\n"
                 more = flooder.post(f"/sandboxes/{sandbox_id}/exec", json={"command": "true"})
                 assert more.status_code == 503  # over its share now that another client runs commands

@@ -90,6 +90,8 @@ RUN_MOUNT = "/.orchard-run"
 AGENT_PORT = 7000
 LOOPBACK_HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 """/etc/hosts of a `blocked` (or `dropped`) sandbox, which has loopback only."""
+MIN_NANO_CPUS = 10_000_000
+"""runc refuses a CPU quota under 1 ms a period (Kubernetes raises such requests to it too)."""
 DROP_ROUTES = """\
 link add orchard0 type veth peer name orchard1
 link set orchard0 up
@@ -192,6 +194,9 @@ class DockerBackend:
 
     # -- lifecycle --------------------------------------------------------------------
 
+    def pod_name(self, sandbox_id: str) -> str:
+        return f"orchard-{sandbox_id}"
+
     def create(self, sandbox_id: str, spec: SandboxSpec, token: str) -> AgentEndpoint:
         """Create and start the container; the agent answers shortly after this returns."""
         from docker.errors import APIError
@@ -221,7 +226,7 @@ class DockerBackend:
             container = self._api.create_container(
                 spec.image,
                 entrypoint=self._agent_argv(spec),
-                name=f"orchard-{sandbox_id}",
+                name=self.pod_name(sandbox_id),
                 labels=labels_for(sandbox_id, spec),
                 environment={**spec.env, **self.bundle.environment(AGENT_MOUNT), "ORCHARD_AGENT_TOKEN": token},
                 host_config=self._host_config(run_dir, spec),
@@ -260,6 +265,7 @@ class DockerBackend:
 
     def state(self, sandbox_id: str) -> SandboxState:
         """Running or not, with the exit code and the last log lines when it stopped."""
+        from docker.errors import APIError
         from docker.errors import NotFound as DockerNotFound
 
         container = self._sandbox_container(sandbox_id)
@@ -272,6 +278,10 @@ class DockerBackend:
             logs = self._api.logs(container["Id"], tail=5).decode(errors="replace").strip()
         except DockerNotFound:
             return SandboxState(running=False, exists=False, message="the container is gone")
+        except APIError as exc:
+            if exc.status_code == 409:  # dead or being removed: deleted meanwhile
+                return SandboxState(running=False, exists=False, message="the container is being removed")
+            logs = f"(its logs cannot be read: {_first_line(exc)})"
         message = f"the container exited with code {state.get('ExitCode')}"
         if state.get("Error"):
             message += f": {state['Error']}"
@@ -356,7 +366,7 @@ class DockerBackend:
         from docker.errors import NotFound as DockerNotFound
 
         try:
-            return self._api.inspect_container(f"orchard-{sandbox_id}")
+            return self._api.inspect_container(self.pod_name(sandbox_id))
         except DockerNotFound:
             return None
 
@@ -449,7 +459,7 @@ class DockerBackend:
             cap_drop=["ALL"],
             security_opt=["no-new-privileges", f"seccomp={seccomp_profile()}"],
             pids_limit=spec.pids,
-            nano_cpus=int(spec.cpu * 1e9) if spec.cpu else None,
+            nano_cpus=max(int(spec.cpu * 1e9), MIN_NANO_CPUS) if spec.cpu else None,
             mem_limit=spec.memory_bytes,
             storage_opt={"size": str(spec.disk_bytes)} if spec.disk_bytes else None,
             tmpfs={path: f"size={size},mode=1777" for path, size in spec.tmpfs.items()} or None,
