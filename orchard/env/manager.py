@@ -207,9 +207,16 @@ class SandboxManager:
         One this manager does not hold (another manager of the owner started it: a tool such as
         the dashboard acts for the owner) has its live record in the store marked deleted too.
         """
-        self.backend.delete(check_sandbox_id(sandbox_id), self.owner)
-        with self._lock:
+        check_sandbox_id(sandbox_id)
+        with self._lock:  # first: from here on no check marks it failed, nothing hands it out
             known = self._sandboxes.pop(sandbox_id, None)
+        try:
+            self.backend.delete(sandbox_id, self.owner)
+        except BaseException:
+            if known is not None:
+                with self._lock:
+                    self._sandboxes.setdefault(sandbox_id, known)
+            raise
         if known is not None:
             self._save(replace(known, status="deleted"), deleted_at=time.time())
         else:
