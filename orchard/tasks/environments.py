@@ -64,7 +64,7 @@ from orchard.env import images
 from orchard.errors import ConfigError, ImageNotFound, SandboxError
 from orchard.tasks import repos
 from orchard.tasks.repos import RepoMirror, lock_for
-from orchard.tasks.specs import Environment
+from orchard.tasks.specs import Environment, swebench_module
 from orchard.tasks.swe import SWETask
 from orchard.tasks.wheelhouse import (
     NAME,
@@ -170,8 +170,7 @@ def merged_requirements(read: Callable[[str], str | None], paths: Iterable[str])
             included += [each for each in (extra or "").split("\n") if not _dropped(each)]
         elif not _dropped(line):
             own.append(line)
-    from swebench.harness.test_spec.python import clean_requirements
-
+    clean_requirements = swebench_module("harness.test_spec.python").clean_requirements
     return clean_requirements("\n".join([*included, "\n".join(own)])), path
 
 
@@ -201,7 +200,7 @@ def environment_yml_requirements(text: str, *, what: str = "environment.yml") ->
     `pip` themselves are the image's): an approximation, as for `packages`. Lines are returned
     as they are: the caller vets them."""
     import yaml
-    from swebench.harness.test_spec.python import clean_environment_yml
+    clean_environment_yml = swebench_module("harness.test_spec.python").clean_environment_yml
 
     try:
         data = yaml.safe_load(clean_environment_yml(text))

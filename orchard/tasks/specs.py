@@ -15,6 +15,8 @@ once per process here).
 from __future__ import annotations
 
 import functools
+import importlib
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,11 +28,21 @@ SWEBENCH_VERSION = "4.1.0"
 TEST_STATUSES = frozenset({"PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL"})
 
 
+def swebench_module(name: str) -> Any:
+    """`swebench.<name>`, imported with the root logger left as it was: some of its modules call
+    `logging.basicConfig(level=INFO)` at import, which would print every HTTP request we make."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        return importlib.import_module(f"swebench.{name}")
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 @functools.cache
 def _python_constants() -> Any:
-    from swebench.harness.constants import python
-
-    return python
+    return swebench_module("harness.constants.python")
 
 
 def swebench_spec(repo: str, version: str | None) -> dict[str, Any] | None:
@@ -55,16 +67,13 @@ def environment_yml_paths(repo: str) -> list[str]:
 def test_directives(repo: str, test_patch: str) -> list[str]:
     """What SWE-bench appends to the test command: the test files the test patch touches (data
     files left out), as Django labels (`cache.tests`) for Django."""
-    from swebench.harness.test_spec.python import get_test_directives
-
+    get_test_directives = swebench_module("harness.test_spec.python").get_test_directives
     return list(get_test_directives({"repo": repo, "test_patch": test_patch}))
 
 
 def log_parser(repo: str) -> Callable[[str], dict[str, str]] | None:
     """SWE-bench's parser of `repo`'s test log (test name -> status), or None where it has none."""
-    from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
-
-    parse = MAP_REPO_TO_PARSER.get(repo)
+    parse = swebench_module("harness.log_parsers").MAP_REPO_TO_PARSER.get(repo)
     if parse is None:
         return None
     return lambda log: {name: status for name, status in parse(log, None).items() if status in TEST_STATUSES}

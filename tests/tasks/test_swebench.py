@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,15 @@ def test_install_runs_again_only_where_the_tests_would_not_see_the_patch(tasks):
     assert needs_reinstall(tasks["psf__requests-3362"], ["requests/models.py"])  # `pip install .`: a copy
     assert not needs_reinstall(tasks["pallets__flask-5063"], ["src/flask/cli.py"])  # editable
     assert needs_reinstall(tasks["pallets__flask-5063"], ["src/flask/cli.py", "setup.py"])
+
+
+def test_swebench_leaves_logging_alone():
+    """Some swebench modules call logging.basicConfig(level=INFO) at import; read through Orchard,
+    they do not make every later HTTP request print a line."""
+    script = (
+        "import logging; from orchard.tasks import specs; specs.test_directives('django/django', ''); "
+        "specs.log_parser('django/django'); specs.swebench_spec('django/django', '4.0'); "
+        "print(logging.getLogger().handlers, logging.getLogger().level)"
+    )
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert shown == "[] 30\n"
