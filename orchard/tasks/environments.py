@@ -200,6 +200,7 @@ def environment_yml_requirements(text: str, *, what: str = "environment.yml") ->
     `pip` themselves are the image's): an approximation, as for `packages`. Lines are returned
     as they are: the caller vets them."""
     import yaml
+
     clean_environment_yml = swebench_module("harness.test_spec.python").clean_environment_yml
 
     try:
