@@ -274,7 +274,17 @@ def test_up_refuses_a_port_out_of_range_before_starting(orchard_home):
 
 def test_up_refuses_an_unknown_backend_before_starting(orchard_home):
     result = runner.invoke(app, ["up", "--backend", "k8s"])
-    _one_error_line(result, "unknown backend 'k8s': use docker or module:Class")
+    _one_error_line(result, "unknown backend 'k8s': use docker, kubernetes or module:Class")
+    assert not (orchard_home / "service.json").exists() and not (orchard_home / "service.log").exists()
+
+
+def test_up_refuses_another_backends_options_before_starting(orchard_home):
+    _one_error_line(
+        runner.invoke(app, ["up", "--namespace", "x"]), "--namespace is not an option of the 'docker' backend"
+    )
+    _one_error_line(
+        runner.invoke(app, ["up", "--backend", "kubernetes", "--runtime", "runsc"]), "--runtime is not an option"
+    )
     assert not (orchard_home / "service.json").exists() and not (orchard_home / "service.log").exists()
 
 
@@ -331,7 +341,7 @@ def test_registries_take_a_name_or_a_full_import_path(tmp_path):
         ConfigError, match=r"unknown harness 'vim': use bash, tools, cli, module:Class or path/file.py:Class"
     ):
         harness_factory("vim")
-    with pytest.raises(ConfigError, match=r"unknown backend 'k8s': use docker or module:Class$"):
+    with pytest.raises(ConfigError, match=r"unknown backend 'k8s': use docker, kubernetes or module:Class$"):
         backend_config("k8s")
     with pytest.raises(ConfigError, match=r"unknown backend 'x\.py:C'"):  # files are for harnesses
         backend_config("x.py:C")

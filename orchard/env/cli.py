@@ -1,4 +1,4 @@
-"""The environment's commands: `orchard up`, `down`, `status`, `image ...`, `sandbox ...`, `bench env`.
+"""The environment's commands: `orchard up`, `down`, `status`, `cost`, `image ...`, `sandbox ...`, `bench env`.
 
 Docker, httpx and FastAPI are imported inside the commands, so `orchard --help` stays fast.
 """
@@ -64,15 +64,28 @@ def up(
         list[str] | None,
         typer.Option(metavar="IMAGE=SIZE", help="Keep SIZE sandboxes of IMAGE started (repeatable)."),
     ] = None,
+    namespace: Annotated[
+        str | None, typer.Option(metavar="NAME", help="Kubernetes: the namespace of the sandbox Pods.")
+    ] = None,
+    agent_image: Annotated[
+        str | None,
+        typer.Option(
+            metavar="IMAGE", help="Kubernetes: the injector image (orchard image build-agent), as the cluster pulls it."
+        ),
+    ] = None,
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(metavar="FILE", help="Kubernetes: the kubeconfig (default $KUBECONFIG, ~/.kube/config)."),
+    ] = None,
 ) -> None:
-    """Start the environment service (Orchard Env API) on the local Docker engine."""
-    from orchard.env.backends import backend_config
+    """Start the environment service (Orchard Env API) on the local Docker engine or a Kubernetes cluster."""
     from orchard.env.discovery import running_service
-    from orchard.env.service import load_or_create_key, parse_pool, read_key_file, serve
+    from orchard.env.service import configured_backend, load_or_create_key, parse_pool, read_key_file, serve
 
     for each in pool or []:
         parse_pool(each)  # a mistake is one line here, not a service that fails to start
-    backend_config(backend)  # likewise an unknown backend
+    options = {"namespace": namespace, "agent_image": agent_image, "kubeconfig": kubeconfig}
+    configured_backend(backend, runtime=runtime, **options)  # likewise an unknown backend or option
 
     running = running_service()
     if running:
@@ -80,12 +93,14 @@ def up(
         return
     key = read_key_file(api_key_file) if api_key_file else load_or_create_key()
     if foreground:
-        serve(host, port, backend=backend, runtime=runtime, api_key=key, pools=pool)
+        serve(host, port, backend=backend, runtime=runtime, api_key=key, pools=pool, options=options)
         return
-    _start_in_background(host, port, backend, runtime, key, pool or [])
+    _start_in_background(host, port, backend, runtime, key, pool or [], options)
 
 
-def _start_in_background(host: str, port: int, backend: str, runtime: str | None, key: str, pools: list[str]) -> None:
+def _start_in_background(
+    host: str, port: int, backend: str, runtime: str | None, key: str, pools: list[str], options: dict[str, str | None]
+) -> None:
     """Start the service as its own process; the key goes in its environment, never its argv."""
     from orchard.env.discovery import service_healthy
 
@@ -102,6 +117,7 @@ def _start_in_background(host: str, port: int, backend: str, runtime: str | None
         backend,
     ]
     argv += [f"--pool={each}" for each in pools] + ([f"--runtime={runtime}"] if runtime else [])
+    argv += [f"--{name.replace('_', '-')}={value}" for name, value in options.items() if value is not None]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             argv,
@@ -212,6 +228,24 @@ def status(
     typer.echo(f"store         : {settings().db_url}")
 
 
+@command(app, "cost")
+def cost(
+    sandboxes: Annotated[int, typer.Option(metavar="N", min=0, help="Sandboxes running at once.")] = 128,
+    hours: Annotated[float, typer.Option(metavar="HOURS", min=0, help="Hours each exists.")] = 240,
+    cpu: Annotated[float, typer.Option(metavar="VCPUS", min=0, help="vCPUs each is given.")] = 2,
+    memory: Annotated[float, typer.Option(metavar="GIB", min=0, help="GiB of memory each is given.")] = 8,
+    prices: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="Prices file (TOML); default: the shipped one, the paper's table."),
+    ] = None,
+) -> None:
+    """Compare what a fleet of sandboxes costs: a managed service vs your cluster on-demand and on spot."""
+    from orchard.env.cost import DEFAULT_PRICES, Fleet, cost_table, load_prices
+
+    typer.echo(cost_table(Fleet(sandboxes, hours, cpu, memory), load_prices(prices)))
+    typer.echo(f"\nprices: {prices or DEFAULT_PRICES} (edit a copy, pass --prices FILE)")
+
+
 def _remove_orphans() -> int:
     """Reap what a stopped service may have left: its sandboxes are orphans now."""
     from orchard.env.manager import SandboxManager
@@ -260,6 +294,19 @@ def image_build_busybox(
     from orchard.env import images
 
     typer.echo(images.build_busybox(tag, force=force))
+
+
+@command(image_app, "build-agent")
+def image_build_agent(
+    tag: Annotated[
+        str | None, typer.Option(metavar="TAG", help="Image tag to create (default orchard/agent:VERSION).")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image holds the same bundle.")] = False,
+) -> None:
+    """Build the Kubernetes injector image (static busybox + agent bundle) offline; push it to your cluster's registry."""
+    from orchard.env import images
+
+    typer.echo(images.build_agent(tag, force=force))
 
 
 # -- sandboxes ----------------------------------------------------------------------------

@@ -10,9 +10,15 @@
   them.
 * `build_busybox()` makes `orchard/busybox:static`, an image that holds only Debian's static
   busybox and its applet links: no Python, no libc, no bash. It needs no network (about 1 s).
+* `build_agent()` makes `orchard/agent:<version>`, the injector of the Kubernetes backend: the
+  static busybox at `/bin/busybox` and the agent bundle (`orchard.env.bundle`) at
+  `/orchard-bundle/`. A Pod's init container runs it with `INJECT_COMMAND`, copying the bundle
+  into the `emptyDir` the task's unmodified image then starts the agent from. It needs no
+  network (a second or two); a real cluster pulls it from the lab's registry, so push it there.
 
-Both return the image reference and are cached: when the tag exists (for the base, built from
-the same package list) they return at once, unless `force=True`. The engine is reached with `docker.from_env()`; an unreachable engine raises
+All return the image reference and are cached: when the tag exists (for the base, built from
+the same package list; for the injector, holding the same bundle) they return at once, unless
+`force=True`. The engine is reached with `docker.from_env()`; an unreachable engine raises
 `EngineUnavailable`, a host that cannot build raises `ConfigError` saying what to do.
 """
 
@@ -36,8 +42,9 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from orchard import __version__
 from orchard.config import settings
-from orchard.env.bundle import elf_interpreter
+from orchard.env.bundle import Bundle, build_bundle, elf_interpreter
 from orchard.errors import ConfigError, EngineUnavailable
 
 Log = Callable[[str], None]
@@ -445,6 +452,71 @@ def _add(tar: tarfile.TarFile, name: str, kind: bytes, mode: int, data: bytes = 
     info.size = len(data)
     info.mtime = MTIME
     tar.addfile(info, io.BytesIO(data) if data else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# agent injector image (Kubernetes)
+# ---------------------------------------------------------------------------------------------
+
+AGENT_BUNDLE_LABEL = "org.orchard.agent-bundle"
+"""The content hash of the bundle an injector image holds (its folder's name in the cache)."""
+AGENT_FORMAT_LABEL = "org.orchard.agent-format"
+AGENT_FORMAT = "1"
+"""Bump when the injector image's layout changes, so older images are rebuilt."""
+AGENT_BUNDLE_FOLDER = "/orchard-bundle"
+INJECT_COMMAND = ["/bin/busybox", "cp", "-a", f"{AGENT_BUNDLE_FOLDER}/.", "/.orchard/"]
+"""What the init container runs (and the image's default command): copy the bundle into the
+volume mounted at `/.orchard`. Busybox is called by its path, so the image needs no applet link."""
+
+
+def agent_tag() -> str:
+    """The default tag of the injector image: `orchard/agent:<orchard version>`."""
+    return f"orchard/agent:{__version__}"
+
+
+def build_agent(tag: str | None = None, *, force: bool = False, bundle: Bundle | None = None) -> str:
+    """Build (or reuse) the injector image of `bundle` (default: this host's, `build_bundle()`);
+    return its tag, `agent_tag()` unless `tag` is given.
+
+    An image already tagged so and labelled with the same bundle hash (and `AGENT_FORMAT`) is
+    reused unless `force=True`: a changed agent, interpreter or bundle recipe rebuilds it.
+    """
+    tag = tag or agent_tag()
+    bundle = bundle or build_bundle()
+    key = bundle.path.name
+    with closing(docker_client()) as client, _build_lock(tag):
+        labels = _image_labels(client, tag)
+        if not force and labels.get(AGENT_BUNDLE_LABEL) == key and labels.get(AGENT_FORMAT_LABEL) == AGENT_FORMAT:
+            return tag
+        changes = [
+            *_changes(INJECT_COMMAND, "/bin"),
+            f"LABEL {AGENT_BUNDLE_LABEL}={key} {AGENT_FORMAT_LABEL}={AGENT_FORMAT}",
+        ]
+        import_rootfs(client, _agent_tar(static_busybox(), bundle.path), tag, changes)
+    return tag
+
+
+def _agent_tar(binary: Path, bundle: Path) -> bytes:
+    """A root filesystem tarball: /bin/busybox (with `sh` and `cp` links, for a person looking
+    inside) and every file of `bundle` under `AGENT_BUNDLE_FOLDER`, root-owned, modes kept."""
+    buffer = io.BytesIO()
+    top = AGENT_BUNDLE_FOLDER.strip("/")
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        _add(tar, "bin", tarfile.DIRTYPE, 0o755)
+        _add(tar, "bin/busybox", tarfile.REGTYPE, 0o755, binary.read_bytes())
+        for applet in ("cp", "sh"):
+            _add(tar, f"bin/{applet}", tarfile.SYMTYPE, 0o777, link="busybox")
+        _add(tar, top, tarfile.DIRTYPE, 0o755)
+        for path in sorted(bundle.rglob("*")):
+            name = f"{top}/{path.relative_to(bundle).as_posix()}"
+            mode = path.stat().st_mode & 0o7777
+            if path.is_dir() and not path.is_symlink():
+                _add(tar, name, tarfile.DIRTYPE, mode)
+            elif path.is_file() and not path.is_symlink():
+                _add(tar, name, tarfile.REGTYPE, mode, path.read_bytes())
+            else:  # the bundle holds real files only (bundle._copy); anything else is not ours
+                raise ConfigError(f"{path} in the agent bundle is not a plain file: delete {bundle} and build again")
+    return buffer.getvalue()
 
 
 def quiet(_line: str) -> None:

@@ -173,12 +173,20 @@ class SandboxManager:
             raise
 
     def wait_ready(self, sandbox_id: str, *, timeout: float = 120.0) -> SandboxInfo:
-        """Block until the agent answers its health check; a dead container fails at once."""
+        """Block until the agent answers its health check; a dead container fails at once.
+
+        An endpoint without an address yet (`url` "" and no socket: a Pod before it has an IP) is
+        first resolved from the backend's state (`address`), waiting while it is `starting`.
+        """
         info = self.get(sandbox_id)
         if info.status != "pending":
             return self._raise_if_failed(info)
         assert info.endpoint is not None
         deadline = time.monotonic() + timeout
+        if not (info.endpoint.url or info.endpoint.uds):
+            address = self._agent_address(sandbox_id, deadline, timeout)
+            info = self._update(sandbox_id, endpoint=replace(info.endpoint, url=address))
+        assert info.endpoint is not None
         with agent_http(info.endpoint, timeout=2.0) as http:
             delay, next_state_check = 0.002, time.monotonic() + 0.2
             while not _answers(http, info.endpoint):
@@ -187,7 +195,7 @@ class SandboxManager:
                 if now >= next_state_check:
                     next_state_check = now + 0.5
                     state = self.backend.state(sandbox_id)
-                    if not state.running:
+                    if not state.running and not state.starting:
                         return self._fail(sandbox_id, f"sandbox {sandbox_id} did not start: {state.message}")
                 if now >= deadline:
                     self._discard(sandbox_id, f"the agent of sandbox {sandbox_id} did not answer within {timeout:g} s")
@@ -199,6 +207,35 @@ class SandboxManager:
         except SandboxError as exc:
             return self._fail(sandbox_id, str(exc))
         return self._update(sandbox_id, status="ready", ready_at=time.time())
+
+    def _agent_address(self, sandbox_id: str, deadline: float, timeout: float) -> str:
+        """The agent's base URL once the backend knows it (`SandboxState.address`).
+
+        Waits while the sandbox is `starting`; a failure (neither running nor starting) fails the
+        sandbox at once with the backend's reason. Between looks it waits on the backend's
+        `wait_for_change(sandbox_id, state, seconds)` where it has one (a watch wakes it), else
+        sleeps a few milliseconds: `state` is meant to be cheap (a cache), not an API call.
+        """
+        wait_for_change = getattr(self.backend, "wait_for_change", None)
+        delay = 0.002
+        while True:
+            self.get(sandbox_id)  # NotFound once deleted meanwhile
+            state = self.backend.state(sandbox_id)
+            if state.address:
+                return state.address
+            if not state.running and not state.starting:
+                self._fail(sandbox_id, f"sandbox {sandbox_id} did not start: {state.message}")  # raises
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._discard(
+                    sandbox_id, f"sandbox {sandbox_id} had no agent address within {timeout:g} s: {state.message}"
+                )
+                raise SandboxNotReady(f"sandbox {sandbox_id} was not ready within {timeout:g} s: {state.message}")
+            if wait_for_change is not None:
+                wait_for_change(sandbox_id, state, min(remaining, 0.5))
+            else:
+                time.sleep(min(delay, remaining))
+                delay = min(delay * 1.5, 0.05)
 
     def delete(self, sandbox_id: str) -> None:
         """Delete a sandbox of this owner; idempotent (also for ids already gone).

@@ -56,12 +56,12 @@ from fastapi import FastAPI, HTTPException, Query, Request, WebSocket, WebSocket
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field, StrictStr, field_validator, model_validator
+from pydantic import BaseModel, Field, StrictStr, ValidationError, field_validator, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from orchard import __version__
 from orchard.config import private_file, private_folder, settings
-from orchard.env.backends import DockerConfig, backend_config
+from orchard.env.backends import backend_config
 from orchard.env.backends.base import (
     SANDBOX_ID,
     SANDBOX_ID_MAX_LENGTH,
@@ -1061,20 +1061,18 @@ def serve(
     runtime: str | None = None,
     api_key: str | None = None,
     pools: list[str] | None = None,
+    options: dict[str, str | None] | None = None,
 ) -> None:
     """Run the service in this process until SIGINT/SIGTERM; then delete every sandbox it owns.
 
-    `pools` are `IMAGE=SIZE` warm pools (blocked network, the API's default limits).
+    `pools` are `IMAGE=SIZE` warm pools (blocked network, the API's default limits); `options` set
+    fields of the backend's config (`namespace`, `agent_image`, `kubeconfig` of Kubernetes).
     """
     import uvicorn
 
     key = api_key or load_or_create_key()
     wanted = [parse_pool(p) for p in pools or []]
-    where = backend_config(backend)
-    if runtime is not None:
-        if not isinstance(where, DockerConfig):
-            raise ConfigError(f"--runtime is an option of the docker backend, not of {backend!r}")
-        where.runtime = runtime
+    where = configured_backend(backend, runtime=runtime, **(options or {}))
     manager = SandboxManager(where, owner=None).start()
     for image, size in wanted:
         manager.pools.warm(spec_of(CreateSandbox(image=image)), size)
@@ -1087,6 +1085,26 @@ def serve(
     finally:
         manager.close()
         remove_state()
+
+
+KUBERNETES_FLAGS = ("namespace", "agent_image", "kubeconfig")
+"""`orchard up` flags that set the Kubernetes backend's config."""
+
+
+def configured_backend(backend: str, **options: str | None) -> Any:
+    """The config of `backend` with `options` (the `orchard up` flags) set; a flag another backend
+    owns is one clear error."""
+    where = backend_config(backend)
+    given = {name: value for name, value in options.items() if value is not None}
+    for name in given:
+        if name not in type(where).model_fields:
+            raise ConfigError(f"--{name.replace('_', '-')} is not an option of the {backend!r} backend")
+    try:
+        return type(where).model_validate({**where.model_dump(), **given})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        flag = "--" + str(first["loc"][0]).replace("_", "-")
+        raise ConfigError(f"{flag} {given.get(str(first['loc'][0]))!r}: {first['msg']}") from None
 
 
 def parse_pool(text: str) -> tuple[str, int]:
@@ -1104,8 +1122,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", default="docker")
     parser.add_argument("--runtime", help="OCI runtime of the Docker engine, e.g. runsc for gVisor")
     parser.add_argument("--pool", action="append", default=[], metavar="IMAGE=SIZE")
+    for flag in KUBERNETES_FLAGS:
+        parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag)
     args = parser.parse_args(argv)
-    serve(args.host, args.port, backend=args.backend, runtime=args.runtime, pools=args.pool)
+    options = {flag: getattr(args, flag) for flag in KUBERNETES_FLAGS}
+    serve(args.host, args.port, backend=args.backend, runtime=args.runtime, pools=args.pool, options=options)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
-"""The offline-built images: Debian bases (python3, pytest, git, bash; one per release) and a static busybox (nothing else)."""
+"""The offline-built images: Debian bases (python3, pytest, git, bash; one per release), a static busybox (nothing else)
+and the Kubernetes injector (busybox and the agent bundle)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import sys
 from pathlib import Path
 
@@ -135,3 +138,102 @@ def test_find_mirror_reads_both_formats(tmp_path: Path) -> None:
     (deb822 / "sources.list.d" / "other.list.disabled").write_text("deb http://ignored.example/debian bookworm main\n")
     assert images.find_mirror([deb822]) == "http://822.example/debian"
     assert images.find_mirror([tmp_path / "missing"]) == images.DEFAULT_MIRROR
+
+
+# -- the Kubernetes injector image --------------------------------------------------------------
+
+
+def _agent_answering(url: str, token: str, deadline_s: float = 30.0) -> dict:
+    """The agent's `/health` answer at `url`, waiting until it listens."""
+    import time
+
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"}
+    stop = time.monotonic() + deadline_s
+    while True:
+        try:
+            return httpx.get(f"{url}/health", headers=headers, timeout=2).raise_for_status().json()
+        except httpx.TransportError:
+            if time.monotonic() > stop:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.mark.docker
+def test_agent_image_injects_the_agent_into_an_image_without_python(docker_client, busybox_image: str) -> None:
+    """As a Pod does: the injector copies the bundle into a volume, and a container of an image
+    with no Python and no libc starts the agent from that volume (read-only) over TCP."""
+    import httpx
+
+    from orchard.env.bundle import build_bundle
+
+    tag = images.build_agent()
+    bundle = build_bundle()
+    config = docker_client.images.get(tag).attrs["Config"]
+    assert config["Labels"][images.AGENT_BUNDLE_LABEL] == bundle.path.name
+    assert config["Cmd"] == images.INJECT_COMMAND
+    volume = docker_client.volumes.create()
+    sandbox = None
+    try:
+        mounts = {volume.name: {"bind": "/.orchard", "mode": "rw"}}
+        docker_client.containers.run(tag, images.INJECT_COMMAND, volumes=mounts, remove=True, network_mode="none")
+        token = "injected-token"
+        sandbox = docker_client.containers.run(
+            busybox_image,
+            [*bundle.command("/.orchard"), "--tcp", "0.0.0.0:7000", "--workdir", "/tmp"],
+            environment={**bundle.environment("/.orchard"), "ORCHARD_AGENT_TOKEN": token},
+            volumes={volume.name: {"bind": "/.orchard", "mode": "ro"}},
+            ports={"7000/tcp": ("127.0.0.1", None)},
+            detach=True,
+        )
+        sandbox.reload()
+        port = sandbox.attrs["NetworkSettings"]["Ports"]["7000/tcp"][0]["HostPort"]
+        url = f"http://127.0.0.1:{port}"
+        assert _agent_answering(url, token)["status"] == "ok"
+        ran = httpx.post(
+            f"{url}/exec",
+            json={"command": "echo injected; ls /bin/python3 || true"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        head, _, body = ran.content.partition(b"\n")
+        assert ran.status_code == 200 and json.loads(head)["exit_code"] == 0
+        assert body.startswith(b"injected\n")  # and the image itself still has no python3
+        assert httpx.get(f"{url}/health", headers={"Authorization": "Bearer wrong"}).status_code == 403
+    finally:
+        if sandbox is not None:
+            sandbox.remove(force=True)
+        volume.remove(force=True)
+
+
+@pytest.mark.docker
+def test_agent_image_is_rebuilt_only_for_another_bundle(
+    docker_client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchard.env.bundle import Bundle
+
+    tag = images.build_agent()
+    image_id = docker_client.images.get(tag).id
+    _forbid_building(monkeypatch)
+    assert images.build_agent() == tag and docker_client.images.get(tag).id == image_id
+    with pytest.raises(AssertionError, match="rebuilt"):
+        images.build_agent(bundle=Bundle(tmp_path / "another-bundle-hash"))
+    with pytest.raises(AssertionError, match="rebuilt"):
+        images.build_agent(force=True)
+
+
+@pytest.mark.docker
+def test_image_build_agent_command(docker_client) -> None:
+    from typer.testing import CliRunner
+
+    from orchard.cli import app
+
+    tag = "orchard-test/agent:cli"
+    try:
+        result = CliRunner().invoke(app, ["image", "build-agent", "--tag", tag, "--force"])
+        assert result.exit_code == 0, result.output
+        assert result.stdout == f"{tag}\n"
+        assert docker_client.images.get(tag).labels[images.AGENT_FORMAT_LABEL] == images.AGENT_FORMAT
+    finally:
+        with contextlib.suppress(Exception):
+            docker_client.images.remove(tag)

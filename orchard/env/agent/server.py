@@ -8,6 +8,7 @@ Usage::
 
     ORCHARD_AGENT_TOKEN=... python server.py --unix /run/agent.sock [--workdir /workspace]
     ORCHARD_AGENT_TOKEN=... python server.py --tcp 0.0.0.0:7000 [--workdir /workspace]
+    ORCHARD_AGENT_TOKEN_SHA256=<hex sha256 of the token> python server.py --tcp 0.0.0.0:7000
 
 Protocol
 --------
@@ -119,7 +120,11 @@ limit 413 (JSON bodies 256 MiB, uploads 1 GiB; a command 16 MiB). Relative paths
 Security notes
 --------------
 The token is read from ``ORCHARD_AGENT_TOKEN`` at start-up and removed from the environment, so
-commands do not inherit it; tokens are compared in constant time. On a Unix socket the socket
+commands do not inherit it; tokens are compared in constant time. Where whoever may read the
+sandbox's definition must not learn the token (a Pod's spec, readable by anyone who may read
+Pods), ``ORCHARD_AGENT_TOKEN_SHA256`` holds the hex SHA-256 of the token instead (removed the same
+way; exactly one of the two is set), and the agent compares the SHA-256 of the token presented,
+in constant time: the digest names the token without granting it. On a Unix socket the socket
 file is mode 0666: access is controlled by the token and by the mode of the host folder holding
 it. The token keeps out whoever can reach the socket or port but is not the host; it is no
 secret from the commands themselves: one running as the agent's user can still read it from
@@ -157,12 +162,18 @@ import urllib.parse
 from _operator import _compare_digest  # hmac's, without loading libcrypto
 from collections.abc import Iterator, Mapping
 
+try:  # the builtin SHA-256, without hashlib's libcrypto (Python 3.12 merged it into _sha2)
+    from _sha2 import sha256 as _sha256
+except ImportError:
+    from _sha256 import sha256 as _sha256
+
 TYPE_CHECKING = False  # the typing module is not imported at run time (see the module closure)
 if TYPE_CHECKING:
     from typing import BinaryIO, NoReturn
 
 VERSION = "1"
 TOKEN_ENV = "ORCHARD_AGENT_TOKEN"
+TOKEN_SHA256_ENV = "ORCHARD_AGENT_TOKEN_SHA256"
 DEFAULT_WORKDIR = "/workspace"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_HOME = "/root"
@@ -317,18 +328,24 @@ class Shell:
 
 
 class AgentConfig:
-    """What every request handler needs: token, workdir, shell and the base child environment."""
+    """What every request handler needs: token, workdir, shell and the base child environment.
+
+    The token is given itself (``token``) or as its hex SHA-256 (``token_sha256``), exactly one;
+    only its digest is kept (``token_digest``), and a request's token is checked by its digest.
+    """
 
     def __init__(
         self,
-        token: str,
+        token: str = "",
         workdir: str = DEFAULT_WORKDIR,
         shell: Shell | None = None,
         environ: Mapping[str, str] | None = None,
+        *,
+        token_sha256: str = "",
     ) -> None:
-        if not token:
-            raise ValueError("the agent token must not be empty")
-        self.token = token.encode()
+        if bool(token) == bool(token_sha256):
+            raise ValueError("give the agent token or its SHA-256, exactly one, not empty")
+        self.token_digest = _sha256(token.encode()).digest() if token else parse_sha256(token_sha256)
         self.workdir = os.path.abspath(workdir)
         self.shell = shell or Shell.detect()
         self.base_env = child_environment(os.environ if environ is None else environ)
@@ -1288,7 +1305,7 @@ class AgentHandler(socketserver.StreamRequestHandler):
                 "missing bearer token: send 'Authorization: Bearer <token>'",
                 {"WWW-Authenticate": "Bearer"},
             )
-        if not _compare_digest(token.strip().encode(), self.server.agent.token):
+        if not _compare_digest(_sha256(token.strip().encode()).digest(), self.server.agent.token_digest):
             raise ApiError(403, "the bearer token is wrong")
 
     # request helpers --------------------------------------------------------------------
@@ -1979,13 +1996,27 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def parse_sha256(text: str) -> bytes:
+    """The 32 bytes of a hex SHA-256 digest (either case); ValueError naming the variable otherwise."""
+    text = text.strip()
+    if len(text) != 64 or not all(c in "0123456789abcdefABCDEF" for c in text):
+        raise ValueError(f"{TOKEN_SHA256_ENV} must be 64 hex digits (the SHA-256 of the token)")
+    return bytes.fromhex(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start the agent: read (and remove) the token, bind, serve until SIGTERM or SIGINT."""
     options = parse_args(sys.argv[1:] if argv is None else argv)
     token = os.environ.pop(TOKEN_ENV, "")
-    if not token:
-        fail(f"{TOKEN_ENV} is not set: the agent refuses to start without a token")
-    config = AgentConfig(token, options.get("workdir", DEFAULT_WORKDIR))
+    token_sha256 = os.environ.pop(TOKEN_SHA256_ENV, "")
+    if not token and not token_sha256:
+        fail(f"{TOKEN_ENV} (or {TOKEN_SHA256_ENV}) is not set: the agent refuses to start without a token")
+    if token and token_sha256:
+        fail(f"both {TOKEN_ENV} and {TOKEN_SHA256_ENV} are set: set one")
+    try:
+        config = AgentConfig(token, options.get("workdir", DEFAULT_WORKDIR), token_sha256=token_sha256)
+    except ValueError as exc:
+        fail(str(exc))
     tcp = parse_tcp(options["tcp"]) if "tcp" in options else None
     try:
         serve(config, unix=options.get("unix"), tcp=tcp)

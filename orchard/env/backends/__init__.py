@@ -24,11 +24,15 @@ from orchard.registry import load
 
 if TYPE_CHECKING:
     from orchard.env.backends.docker import DockerConfig
+    from orchard.env.backends.kubernetes import KubernetesConfig
 
-    BackendConfig = DockerConfig
-    """Configs of every backend; a union discriminated by `type` once Kubernetes joins."""
+    BackendConfig = DockerConfig | KubernetesConfig
+    """Configs of every backend (each names itself in `type`)."""
 
-BACKENDS: dict[str, str] = {"docker": "orchard.env.backends.docker:DockerConfig"}
+BACKENDS: dict[str, str] = {
+    "docker": "orchard.env.backends.docker:DockerConfig",
+    "kubernetes": "orchard.env.backends.kubernetes:KubernetesConfig",
+}
 """Backends by name: `name -> "module:ConfigClass"`."""
 
 
@@ -41,11 +45,19 @@ def backend_config(name: str) -> BackendConfig:
 
 
 def __getattr__(name: str) -> Any:
-    """`DockerConfig` (and `BackendConfig`, the same for now), imported when first asked for."""
+    """`DockerConfig`, `KubernetesConfig` and `BackendConfig` (their union), imported when first asked for."""
+    if name == "KubernetesConfig":
+        from orchard.env.backends.kubernetes import KubernetesConfig
+
+        return KubernetesConfig
     if name not in ("DockerConfig", "BackendConfig"):
         raise AttributeError(f"module 'orchard.env.backends' has no attribute {name!r}")
     from orchard.env.backends.docker import DockerConfig
 
+    if name == "BackendConfig":
+        from orchard.env.backends.kubernetes import KubernetesConfig
+
+        return DockerConfig | KubernetesConfig
     return DockerConfig
 
 
@@ -56,6 +68,7 @@ __all__ = [
     "BackendConfig",
     "BackendSandbox",
     "DockerConfig",
+    "KubernetesConfig",
     "SandboxSpec",
     "SandboxState",
     "backend_config",

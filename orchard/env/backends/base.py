@@ -94,6 +94,12 @@ class SandboxState:
     exists: bool = True
     message: str | None = None
     """Why it is not running (exit code, last log lines), if it is not."""
+    address: str | None = None
+    """The agent's base URL once the backend knows it (a Pod's IP with its container ready), for a
+    backend whose `create` returns an endpoint without one (`url` ""); None otherwise."""
+    starting: bool = False
+    """Not running yet, with nothing wrong so far (a Pod pending: scheduled, pulling, starting): keep
+    waiting. False with `running` False is a failure, and `message` says why."""
 
 
 @dataclass(frozen=True)
