@@ -7,6 +7,7 @@ import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,8 +134,9 @@ def client(docker_client, base_image, busybox_image, tmp_path_factory) -> Iterat
 
 
 @contextmanager
-def running_service(db: Path, **options) -> Iterator[tuple[str, str]]:
-    """A real `orchard up` service (uvicorn on a free loopback port) in a thread: yields (url, key)."""
+def running_service(db: Path, backend: Any = "docker", **options) -> Iterator[tuple[str, str]]:
+    """A real `orchard up` service (uvicorn on a free loopback port) in a thread, over `backend` (a
+    name or a backend config): yields (url, key)."""
     import socket
     import threading
     import time
@@ -146,7 +148,7 @@ def running_service(db: Path, **options) -> Iterator[tuple[str, str]]:
     from orchard.env.service import UVICORN_OPTIONS, Service, create_app
 
     key = "test-key-" + os.urandom(4).hex()
-    manager = SandboxManager("docker", store=Store.open(f"sqlite:///{db}"))
+    manager = SandboxManager(backend, store=Store.open(f"sqlite:///{db}"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -131,3 +131,55 @@ def test_an_api_server_restart_loses_no_sandbox_and_the_watch_resumes(kube, mana
     second = manager.create(make_spec(base_image), sandbox_id="e2e-after", timeout=120)  # seen by the resumed watch
     assert second.ready
     assert {s.sandbox_id for s in manager.backend.list()} == {"e2e-before", "e2e-after"}
+
+
+def test_the_sdk_works_unchanged_on_kubernetes(kube, namespace, kubelet, agent_image, base_image, tmp_path) -> None:
+    """The SDK over the Kubernetes backend: commands, sessions, files, folders and a terminal, all at
+    the Pod IP, exactly as on Docker."""
+    from orchard.env import Client
+
+    config = KubernetesConfig(kubeconfig=kube.kubeconfig, namespace=namespace, unschedulable_grace=0)
+    with Client(backend=config, store=Store.open(f"sqlite:///{tmp_path / 'sdk.db'}")) as client:
+        box = client.create(base_image)
+        assert box.exec("echo hi; id -u").stdout == "hi\n0\n"
+        assert (
+            box.exec("cd /tmp && X=1", session="s").ok and box.exec("pwd; echo $X", session="s").stdout == "/tmp\n1\n"
+        )
+        box.write_file("/tmp/data.bin", bytes(range(256)))
+        assert box.read_file("/tmp/data.bin") == bytes(range(256))
+        assert "data.bin" in [f.name for f in box.list_files("/tmp")]
+        (tmp_path / "src" / "deep").mkdir(parents=True)
+        (tmp_path / "src" / "deep" / "f.txt").write_text("folder upload")
+        box.upload(tmp_path / "src", "/work")
+        box.download("/work", tmp_path / "back")
+        assert (tmp_path / "back" / "deep" / "f.txt").read_text() == "folder upload"
+        with box.terminal(["sh", "-c", "tty -s && echo HAS_TTY; exit 7"]) as term:
+            assert b"HAS_TTY" in term.read_until(b"HAS_TTY")
+            assert term.wait() == 7
+        box.delete()
+    assert _gone(_Api(kube.client()), namespace, f"orchard-{box.id}")
+
+
+def test_orchard_eval_through_a_service_on_kubernetes(
+    kube, api, namespace, kubelet, agent_image, example_repos, start_service, orchard_home, monkeypatch, tmp_path
+) -> None:
+    """`orchard up --backend kubernetes` (the service over this backend) and `orchard eval` of two
+    example tasks through it, unchanged: every episode and every grade in a Pod of its own."""
+    from typer.testing import CliRunner
+
+    from orchard.cli import app
+
+    tasks = Path(__file__).parents[2] / "examples" / "tasks" / "tasks.jsonl"
+    config = KubernetesConfig(kubeconfig=kube.kubeconfig, namespace=namespace, unschedulable_grace=0)
+    with start_service(tmp_path / "service.db", backend=config) as (url, key):
+        monkeypatch.setenv("ORCHARD_URL", url)
+        monkeypatch.setenv("ORCHARD_API_KEY", key)
+        ids = "orchard-examples__timecalc-1,orchard-examples__inventory-1"
+        args = ["eval", "--tasks", str(tasks), "--repos", str(example_repos), "--ids", ids, "--predictions", "gold"]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert "2/2" in result.output and "resolved 2" in result.output
+    deadline = time.monotonic() + 30
+    while api.call("GET", f"/api/v1/namespaces/{namespace}/pods")["items"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert api.call("GET", f"/api/v1/namespaces/{namespace}/pods")["items"] == []  # every Pod deleted
