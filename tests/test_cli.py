@@ -285,6 +285,10 @@ def test_up_refuses_another_backends_options_before_starting(orchard_home):
     _one_error_line(
         runner.invoke(app, ["up", "--backend", "kubernetes", "--runtime", "runsc"]), "--runtime is not an option"
     )
+    _one_error_line(runner.invoke(app, ["up", "--fleet", "lab"]), "--fleet needs --backend kubernetes")
+    _one_error_line(
+        runner.invoke(app, ["up", "--backend", "kubernetes", "--fleet", "Lab_1"]), "--fleet 'Lab_1': name it in"
+    )
     assert not (orchard_home / "service.json").exists() and not (orchard_home / "service.log").exists()
 
 

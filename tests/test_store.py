@@ -126,6 +126,24 @@ def test_postgresql_store_via_orchard_db_url(postgres_url, monkeypatch):
         assert db.exec(select(func.count()).select_from(store.ExecRecord)).one() == 450
 
 
+def test_sizes_past_2_gib_fit_in_postgresql_and_an_older_store_is_widened(postgres_url):
+    """A 16 GiB sandbox's memory_bytes overflows PostgreSQL's INTEGER: the column is BIGINT, and one an
+    older Orchard made INTEGER is widened when the store is opened."""
+    import sqlalchemy
+
+    store.get_engine(postgres_url)  # the tables exist
+    raw = sqlalchemy.create_engine(postgres_url)
+    with raw.begin() as connection:  # as an older Orchard made it
+        connection.execute(sqlalchemy.text("ALTER TABLE sandboxes ALTER COLUMN memory_bytes TYPE INTEGER"))
+    opened = f"from orchard import store; store.get_engine({postgres_url!r}).dispose()"
+    subprocess.run([sys.executable, "-c", opened], check=True)  # another process opens the store
+    with store.session(postgres_url) as db:
+        db.add(_sandbox(16, memory_bytes=16 * 2**30))
+    with store.session(postgres_url) as db:
+        assert db.get(store.SandboxRecord, "sb16").memory_bytes == 16 * 2**30
+    raw.dispose()
+
+
 def test_a_store_keeps_its_run_folders_next_to_its_database(tmp_path, monkeypatch):
     from orchard.store import Store
 

@@ -77,15 +77,31 @@ def up(
         str | None,
         typer.Option(metavar="FILE", help="Kubernetes: the kubeconfig (default $KUBECONFIG, ~/.kube/config)."),
     ] = None,
+    fleet: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help="Kubernetes: be one replica of the fleet NAME, sharing ORCHARD_DB_URL and the API key "
+            "with the others: any replica serves any sandbox, and sandboxes outlive a replica.",
+        ),
+    ] = None,
 ) -> None:
     """Start the environment service (Orchard Env API) on the local Docker engine or a Kubernetes cluster."""
     from orchard.env.discovery import running_service
-    from orchard.env.service import configured_backend, load_or_create_key, parse_pool, read_key_file, serve
+    from orchard.env.service import (
+        check_fleet,
+        configured_backend,
+        load_or_create_key,
+        parse_pool,
+        read_key_file,
+        serve,
+    )
 
     for each in pool or []:
         parse_pool(each)  # a mistake is one line here, not a service that fails to start
     options = {"namespace": namespace, "agent_image": agent_image, "kubeconfig": kubeconfig}
     configured_backend(backend, runtime=runtime, **options)  # likewise an unknown backend or option
+    check_fleet(fleet, backend)
 
     running = running_service()
     if running:
@@ -93,9 +109,9 @@ def up(
         return
     key = read_key_file(api_key_file) if api_key_file else load_or_create_key()
     if foreground:
-        serve(host, port, backend=backend, runtime=runtime, api_key=key, pools=pool, options=options)
+        serve(host, port, backend=backend, runtime=runtime, api_key=key, pools=pool, options=options, fleet=fleet)
         return
-    _start_in_background(host, port, backend, runtime, key, pool or [], options)
+    _start_in_background(host, port, backend, runtime, key, pool or [], {**options, "fleet": fleet})
 
 
 def _start_in_background(

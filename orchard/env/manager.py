@@ -7,6 +7,14 @@ run folder), records everything in the store, and reaps: expired sandboxes (olde
 TTL) and orphans (labelled with an owner process of this host that is gone) are deleted when it
 starts and then periodically. Commands never pass through here: callers talk to `info.endpoint` directly.
 
+A fleet (`Fleet`: `orchard up --fleet NAME`, several replicas of the service sharing one store)
+owns its sandboxes as a whole: the owner is `fleet:NAME`, each sandbox's agent token is derived
+from the fleet's secret and the sandbox id (so every replica can compute it, and no store or Pod
+holds it), a sandbox one replica created is taken over (`get` adopts it from the store and the
+backend) by any other that is asked about it, and a replica that stops leaves the fleet's
+sandboxes running. Each replica beats in the store (`beat`); the commands of one that stopped
+beating are failed by the others (`fail_jobs_of_silent_replicas`).
+
 A manager is made, then started (`start()`: connect to the backend, reap, recover what crashed
 owners left in the store, start its threads), then closed; made but not started, it has done
 nothing and refuses to create sandboxes.
@@ -15,13 +23,15 @@ nothing and refuses to create sandboxes.
 from __future__ import annotations
 
 import builtins
+import hashlib
+import hmac
 import logging
 import os
 import queue
 import secrets
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import BaseModel
@@ -29,7 +39,7 @@ from sqlmodel import col, select
 
 from orchard import store as records
 from orchard.env.backends import AgentEndpoint, Backend, BackendConfig, SandboxSpec, backend_config
-from orchard.env.backends.base import check_sandbox_id
+from orchard.env.backends.base import check_sandbox_id, is_sandbox_id
 from orchard.env.calls import Call
 from orchard.env.pool import WarmPools
 from orchard.env.transport import AgentChannel, AsyncAgentChannel
@@ -60,6 +70,23 @@ class SandboxInfo:
         return self.status == "ready"
 
 
+@dataclass(frozen=True)
+class Fleet:
+    """Replicas of one service sharing a store and a secret (the service's API key): see the module."""
+
+    name: str
+    secret: str = field(repr=False)
+
+    @property
+    def owner(self) -> str:
+        return f"fleet:{self.name}"
+
+    def token(self, sandbox_id: str) -> str:
+        """The agent token of a sandbox of this fleet: HMAC-SHA256 of its id under the secret."""
+        message = f"orchard-agent-token\0{self.name}\0{sandbox_id}".encode()
+        return hmac.new(self.secret.encode(), message, hashlib.sha256).hexdigest()
+
+
 def new_sandbox_id() -> str:
     """A random id of 12 hex digits (any valid id works: the host reaches an agent's socket through a pinned fd, not its path)."""
     return secrets.token_hex(6)
@@ -79,10 +106,14 @@ class SandboxManager:
         owner: str | None = None,
         store: Store | None = None,
         reap_interval: float | None = 60.0,
+        fleet: Fleet | None = None,
     ):
         self._backend_choice = backend_config(backend) if isinstance(backend, str) else backend
         self._backend: Backend | None = None
-        self.owner = owner or process_owner()
+        self.fleet = fleet
+        self.process = process_owner()
+        """This process, as the store names the runner of a command."""
+        self.owner = fleet.owner if fleet else owner or self.process
         self.store = store or Store.open()
         self.reap_interval = reap_interval
         """Seconds between reaping rounds after the start (None: only at the start)."""
@@ -91,7 +122,7 @@ class SandboxManager:
         self._start_lock = threading.Lock()
         self._started = False
         self._closed = threading.Event()
-        self._recorder = _ExecRecorder(self.store)
+        self._recorder = _ExecRecorder(self.store, runner=self.process)
         self.reaped_at_start: builtins.list[str] = []
         """Ids of the expired and orphaned sandboxes removed when this manager started."""
         self.pools = WarmPools(self)
@@ -157,8 +188,9 @@ class SandboxManager:
                 raise Conflict(f"sandbox id {sandbox_id!r} is already in use; pick another or omit it")
             info = SandboxInfo(sandbox_id, spec, None, "pending", time.time())
             self._sandboxes[sandbox_id] = info
+        token = self.fleet.token(sandbox_id) if self.fleet else secrets.token_urlsafe(24)
         try:
-            endpoint = self.backend.create(sandbox_id, spec, secrets.token_urlsafe(24))
+            endpoint = self.backend.create(sandbox_id, spec, token)
         except Conflict:  # someone else's sandbox: neither touch it nor its record
             with self._lock:
                 self._sandboxes.pop(sandbox_id, None)
@@ -260,12 +292,35 @@ class SandboxManager:
             self._close_record(sandbox_id)
 
     def get(self, sandbox_id: str) -> SandboxInfo:
-        """The sandbox `sandbox_id` of this manager."""
+        """The sandbox `sandbox_id` of this manager (of a fleet: adopted when another replica made it)."""
         with self._lock:
             info = self._sandboxes.get(sandbox_id)
+        if info is None and self.fleet is not None:
+            info = self._adopt(sandbox_id)
         if info is None:
             raise NotFound(f"no sandbox {sandbox_id!r}; `orchard sandbox ls` lists the live ones")
         return info
+
+    def _adopt(self, sandbox_id: str) -> SandboxInfo | None:
+        """A live sandbox of this fleet that this manager does not hold, taken into its hands.
+
+        The store says it is the fleet's and live; the backend says where its agent is (a Pod still
+        starting has no address yet: `wait_ready` resolves it). One the backend reports failed or
+        gone is recorded so, and not adopted.
+        """
+        assert self.fleet is not None
+        recorded = self.recorded(sandbox_id) if is_sandbox_id(sandbox_id) else None
+        if recorded is None or recorded.status not in LIVE or recorded.spec.owner != self.owner:
+            return None
+        state = self.backend.state(sandbox_id)
+        if not (state.running or state.starting):
+            status: Status = "failed" if state.exists else "deleted"
+            message = f"sandbox {sandbox_id} stopped: {state.message}" if state.exists else "its Pod is gone"
+            self._save(replace(recorded, status=status, status_message=message), deleted_at=time.time())
+            return None
+        endpoint = AgentEndpoint(token=self.fleet.token(sandbox_id), url=state.address or "")
+        with self._lock:
+            return self._sandboxes.setdefault(sandbox_id, replace(recorded, endpoint=endpoint))
 
     def claim(self, pooled: SandboxInfo, run_id: str | None) -> SandboxInfo:
         """A sandbox handed over from a pool now belongs to `run_id`."""
@@ -304,15 +359,27 @@ class SandboxManager:
         return SandboxInfo(record.id, spec, None, status, record.created_at, record.status_message, record.ready_at)
 
     def list(self) -> list[SandboxInfo]:
-        """Sandboxes of this manager, oldest first."""
+        """Sandboxes of this manager, oldest first; of a fleet, every replica's (from the store)."""
         with self._lock:
-            return sorted(self._sandboxes.values(), key=lambda s: s.created_at)
+            held = dict(self._sandboxes)
+        if self.fleet is not None:
+            with records.session(self.store) as db:
+                query = select(records.SandboxRecord.id).where(
+                    records.SandboxRecord.owner == self.owner, col(records.SandboxRecord.status).in_(LIVE)
+                )
+                others = [sandbox_id for sandbox_id in db.exec(query).all() if sandbox_id not in held]
+            for sandbox_id in others:
+                info = self.recorded(sandbox_id)
+                if info is not None:
+                    held.setdefault(sandbox_id, info)
+        return sorted(held.values(), key=lambda s: s.created_at)
 
     def close(self) -> None:
         """Delete every sandbox this manager owns and stop its threads; idempotent.
 
         Every sandbox is tried even if one delete fails; the first failure is raised at the end.
-        A manager closed without being started has nothing to undo.
+        A manager closed without being started has nothing to undo. A fleet's sandboxes outlive
+        the replica: it deletes only its warm pools, and leaves the fleet.
         """
         with self._start_lock:  # not while it starts: a start finishes first, then is undone
             if self._closed.is_set():
@@ -320,7 +387,19 @@ class SandboxManager:
             self._closed.set()
         self.pools.close()
         failures = []
-        for info in self.list():
+        if self.fleet is not None and self._started:
+            for sandbox_id in self.pools.give_up():  # held for this replica's hand-outs only
+                try:
+                    self.delete(sandbox_id)
+                except Exception as exc:
+                    failures.append(exc)
+            with self._lock:
+                self._sandboxes.clear()
+            with records.session(self.store) as db:
+                replica = db.get(records.ReplicaRecord, self.process)
+                if replica is not None:
+                    db.delete(replica)
+        for info in self.list() if self.fleet is None else []:
             try:
                 self.delete(info.sandbox_id)
             except Exception as exc:  # keep deleting the others; raise after
@@ -382,6 +461,61 @@ class SandboxManager:
                     closed += 1
         return closed
 
+    def heartbeat(self, sandbox_id: str) -> None:
+        """Record a client's heartbeat for a live sandbox of this owner (in the store: a fleet shares it)."""
+        with records.session(self.store) as db:
+            record = db.get(records.SandboxRecord, check_sandbox_id(sandbox_id))
+            if record is not None and record.owner == self.owner and record.status in LIVE:
+                record.heartbeat_at = time.time()
+                db.add(record)
+
+    def silent(self, since: float) -> builtins.list[str]:
+        """Live sandboxes of this owner that had a heartbeat, but none after `since`."""
+        SandboxRecord = records.SandboxRecord
+        with records.session(self.store) as db:
+            query = select(SandboxRecord.id).where(
+                SandboxRecord.owner == self.owner,
+                col(SandboxRecord.status).in_(LIVE),
+                col(SandboxRecord.heartbeat_at).is_not(None),
+                col(SandboxRecord.heartbeat_at) < since,
+            )
+            return builtins.list(db.exec(query).all())
+
+    def beat(self) -> None:
+        """This replica of the fleet is alive (its commands are not to be failed)."""
+        assert self.fleet is not None
+        now = time.time()
+        with records.session(self.store) as db:
+            replica = db.get(records.ReplicaRecord, self.process)
+            if replica is None:
+                replica = records.ReplicaRecord(id=self.process, fleet=self.fleet.name, started_at=now, beat_at=now)
+            replica.beat_at = now
+            db.add(replica)
+
+    def fail_jobs_of_silent_replicas(self, since: float) -> int:
+        """Fail the running commands of replicas that did not beat after `since` (killed, or their
+        host lost: their outcome is unknown); forget those replicas. Returns how many were failed."""
+        assert self.fleet is not None
+        ReplicaRecord, ExecRecord = records.ReplicaRecord, records.ExecRecord
+        now = time.time()
+        with records.session(self.store) as db:
+            replicas = db.exec(select(ReplicaRecord).where(ReplicaRecord.fleet == self.fleet.name)).all()
+            alive = {replica.id for replica in replicas if replica.beat_at >= since} | {self.process}
+            for replica in replicas:
+                if replica.id not in alive:
+                    db.delete(replica)
+            open_jobs = select(ExecRecord).where(
+                col(ExecRecord.status).in_(("queued", "running")), col(ExecRecord.runner).is_not(None)
+            )
+            failed = 0
+            for job in db.exec(open_jobs).all():
+                if job.runner not in alive and job.runner in {replica.id for replica in replicas}:
+                    job.status, job.completed_at = "failed", now
+                    job.error = "the replica running this command stopped (killed or lost); its outcome is unknown"
+                    db.add(job)
+                    failed += 1
+        return failed
+
     def _reap_forever(self, interval: float) -> None:
         while not self._closed.wait(interval):
             try:
@@ -394,6 +528,10 @@ class SandboxManager:
     def record_exec(self, sandbox_id: str, command: str, result, started_at: float, job_id: str | None = None) -> None:
         """Queue one command for the store (written in batches off the hot path)."""
         self._recorder.put(job_id or secrets.token_hex(8), sandbox_id, command, result, started_at)
+
+    def exec_record(self, job_id: str, sandbox_id: str, command: str, result, started_at: float) -> records.ExecRecord:
+        """The store's record of a finished command run by this process (for a caller's own transaction)."""
+        return _exec_record(job_id, sandbox_id, command, result, started_at, runner=self.process)
 
     def flush(self) -> None:
         """Wait until every recorded command is in the store."""
@@ -410,6 +548,7 @@ class SandboxManager:
                     status="running",
                     created_at=started_at,
                     started_at=started_at,
+                    runner=self.process,
                 )
             )
 
@@ -451,6 +590,7 @@ class SandboxManager:
 
     def _save(self, info: SandboxInfo, deleted_at: float | None = None) -> None:
         with records.session(self.store) as db:
+            earlier = db.get(records.SandboxRecord, info.sandbox_id)
             db.merge(
                 records.SandboxRecord(
                     id=info.sandbox_id,
@@ -467,6 +607,7 @@ class SandboxManager:
                     ready_at=info.ready_at,
                     deleted_at=deleted_at,
                     ttl=info.spec.ttl,
+                    heartbeat_at=earlier.heartbeat_at if earlier is not None else None,
                 )
             )
 
@@ -511,8 +652,9 @@ HEALTH = Call("GET", "/health", lambda answer: answer)
 class _ExecRecorder:
     """Writes exec records in batches from one thread, so commands never wait on the store."""
 
-    def __init__(self, store: Store | None):
+    def __init__(self, store: Store | None, runner: str | None = None):
         self.store = store or Store.open()
+        self.runner = runner
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, daemon=True, name="orchard-exec-recorder")
 
@@ -544,7 +686,7 @@ class _ExecRecorder:
                 if rows:
                     with records.session(self.store) as db:
                         for row in rows:  # merge: a job may have been recorded as running already
-                            db.merge(_exec_record(*row))
+                            db.merge(_exec_record(*row, runner=self.runner))
             except Exception:  # a store outage must not stop recording for good
                 log.exception("could not record %d command(s) in the store", len(rows))
             for item in batch:
@@ -576,8 +718,11 @@ BATCH_SECONDS = 0.2
 """How long the exec recorder gathers commands before one write."""
 
 
-def _exec_record(job_id: str, sandbox_id: str, command: str, result, started_at: float) -> records.ExecRecord:
+def _exec_record(
+    job_id: str, sandbox_id: str, command: str, result, started_at: float, *, runner: str | None = None
+) -> records.ExecRecord:
     return records.ExecRecord(
+        runner=runner,
         id=job_id,
         sandbox_id=sandbox_id,
         command=command,

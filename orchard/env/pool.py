@@ -104,6 +104,14 @@ class WarmPools:
         with self._lock:
             return [(self._specs[key], size, len(self._ready[key])) for key, size in self._sizes.items()]
 
+    def give_up(self) -> list[str]:
+        """The ids of the pooled sandboxes not handed out, which the pools no longer hold."""
+        with self._lock:
+            ids = [sandbox_id for ready in self._ready.values() for sandbox_id in ready]
+            for ready in self._ready.values():
+                ready.clear()
+        return ids
+
     def close(self) -> None:
         """Stop refilling (the manager deletes the pooled sandboxes with the rest)."""
         self._closed.set()

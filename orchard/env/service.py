@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import functools
 import hmac
+import json
 import logging
 import os
 import re
@@ -57,9 +58,11 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, StrictStr, ValidationError, field_validator, model_validator
+from sqlmodel import select
 from starlette.concurrency import run_in_threadpool
 
 from orchard import __version__
+from orchard import store as records
 from orchard.config import private_file, private_folder, settings
 from orchard.env.backends import backend_config
 from orchard.env.backends.base import (
@@ -73,7 +76,7 @@ from orchard.env.backends.base import (
 )
 from orchard.env.calls import ARCHIVE_LIMIT, READ_LIMIT, AgentCalls, ExecResult, asend, command_text
 from orchard.env.discovery import remove_state, write_state
-from orchard.env.manager import SandboxInfo, SandboxManager, async_agent_http, new_sandbox_id
+from orchard.env.manager import Fleet, SandboxInfo, SandboxManager, async_agent_http, new_sandbox_id
 from orchard.env.pty import open_agent_relay
 from orchard.env.transport import AsyncAgentChannel
 from orchard.errors import (
@@ -106,6 +109,10 @@ UVICORN_OPTIONS: dict[str, Any] = {
 """How `orchard up` runs uvicorn (tests run their services with the same)."""
 HEARTBEAT_SILENCE_SECONDS = 180.0
 """A sandbox that heartbeated once and then fell silent this long is reaped."""
+REPLICA_SILENCE_SECONDS = 30.0
+"""A replica of a fleet that did not beat in the store this long is taken as gone."""
+STORE_POLL_SECONDS = 0.25
+"""How often a replica looks in the store while it waits for a job another replica runs."""
 
 log = logging.getLogger("orchard.env.service")
 
@@ -216,8 +223,12 @@ class Job:
     started_at: float | None = None
     completed_at: float | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    answer: dict[str, Any] | None = None
+    """The whole answer, as another replica of the fleet stored it."""
 
     def public(self) -> dict[str, Any]:
+        if self.answer is not None:
+            return self.answer
         result = self.result
         return {
             "job_id": self.job_id,
@@ -261,6 +272,7 @@ class Service:
         max_file_read_bytes: int = READ_LIMIT,
         max_archive_read_bytes: int = ARCHIVE_LIMIT,
         heartbeat_silence: float = HEARTBEAT_SILENCE_SECONDS,
+        replica_silence: float = REPLICA_SILENCE_SECONDS,
         housekeep_interval: float = 5.0,
         max_starting: int = 64,
         max_running: int = 1024,
@@ -273,6 +285,10 @@ class Service:
         """The most the service reads of one file (answered base64 in JSON) or one tar (streamed
         through a temporary file) from a sandbox; 413 beyond."""
         self.heartbeat_silence = heartbeat_silence
+        """A sandbox that had a heartbeat and then none for this long is deleted (the store keeps
+        the heartbeats, so in a fleet any replica may receive them)."""
+        self.replica_silence = replica_silence
+        """A fleet's replica that did not beat for this long is taken as gone: its commands fail."""
         self.housekeep_interval = housekeep_interval
         self.max_starting, self.max_running = max_starting, max_running
         """Beyond these many sandboxes starting or commands running, requests get 503 + Retry-After."""
@@ -282,7 +298,6 @@ class Service:
         """Running commands per client (the peer's address), for fair shares of `max_running`."""
         self.agents: dict[str, AsyncAgentChannel] = {}
         self.ready: dict[str, asyncio.Event] = {}
-        self.heartbeats: dict[str, float] = {}
         self.jobs: dict[str, Job] = {}
         self.asked: dict[str, tuple[str, str]] = {}
         """The cpu and memory each sandbox was created with, as sent: answers echo them."""
@@ -364,11 +379,26 @@ class Service:
             info = await run_in_threadpool(self.manager.check_alive, sandbox_id)
         except NotFound:
             info = self.manager.recorded(sandbox_id)
+        else:
+            self._serve(info)
         if info is None or info.status not in ("pending", "ready", "failed"):
             raise NotFound(f"no sandbox {sandbox_id!r}")
         if info.status == "failed":
             await self._drop_agent(sandbox_id)
         return self.describe(info)
+
+    def _serve(self, info: SandboxInfo) -> None:
+        """Serve a live sandbox this service did not start (in a fleet: another replica did):
+        connect to its agent, or wait for it to become ready as its creator would."""
+        sandbox_id = info.sandbox_id
+        if sandbox_id in self.agents or sandbox_id in self.ready or info.endpoint is None:
+            return
+        if info.ready:
+            self.agents[sandbox_id] = async_agent_http(info.endpoint)
+        elif info.status == "pending":
+            self.ready[sandbox_id] = asyncio.Event()
+            self._starting += 1
+            self.spawn(self._become_ready(sandbox_id, max(60.0, info.spec.ttl)))
 
     def describe(self, info: SandboxInfo) -> dict[str, Any]:
         """The API's sandbox object; `cpu` and `memory` as asked, `allocated` what it got here."""
@@ -396,9 +426,13 @@ class Service:
 
     async def wait(self, sandbox_id: str, timeout: float) -> dict[str, Any]:
         event = self.ready.get(sandbox_id)
-        if event is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout)
+        if event is None:
+            found = await self.info(sandbox_id)  # a fleet's sandbox still starting is adopted: now it has one
+            event = self.ready.get(sandbox_id)
+            if event is None:
+                return found
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
         return await self.info(sandbox_id)
 
     async def delete(self, sandbox_id: str) -> None:
@@ -406,7 +440,6 @@ class Service:
         if not is_sandbox_id(sandbox_id):
             return
         event = self.ready.pop(sandbox_id, None)
-        self.heartbeats.pop(sandbox_id, None)
         self.asked.pop(sandbox_id, None)
         self.queues.pop(sandbox_id, None)
         await self._drop_agent(sandbox_id)
@@ -521,9 +554,23 @@ class Service:
         job.completed_at = time.time()
         outcome = dataclasses.replace(result, stdout="", stderr="")  # the store keeps no output
         started = job.started_at or job.created_at
-        self.manager.record_exec(job.sandbox_id, job.command, outcome, started, job_id=job.job_id)
+        if self.manager.fleet is not None and not body.wait:  # another replica may be asked for it
+            try:
+                await run_in_threadpool(self._store_answer, job, outcome, started)
+            except Exception:  # the store is down: this replica still answers for it
+                log.exception("could not store the answer of job %s", job.job_id)
+        else:
+            self.manager.record_exec(job.sandbox_id, job.command, outcome, started, job_id=job.job_id)
         self._keep_output(job)
         job.done.set()
+
+    def _store_answer(self, job: Job, outcome: ExecResult, started: float) -> None:
+        """The job's record and its whole answer, in one transaction (see `_job_from_store`)."""
+        with records.session(self.manager.store) as db:
+            db.merge(self.manager.exec_record(job.job_id, job.sandbox_id, job.command, outcome, started))
+            answer = json.dumps(job.public())
+            completed = job.completed_at or time.time()
+            db.merge(records.JobAnswerRecord(job_id=job.job_id, answer=answer, completed_at=completed))
 
     def _keep_output(self, job: Job) -> None:
         """Count a finished job's output, dropping the oldest jobs' output past the budget."""
@@ -540,25 +587,46 @@ class Service:
                 dropped.drop_output()
 
     async def wait_job(self, job_id: str, timeout: float) -> Job:
-        job = self.jobs.get(job_id) or await run_in_threadpool(self._job_from_store, job_id)
-        if job is None:
-            raise NotFound(f"no job {job_id!r} (finished jobs are kept {JOB_KEEP_SECONDS:.0f} s)")
-        if not job.done.is_set() and timeout > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(job.done.wait(), timeout)
-        return job
+        job = self.jobs.get(job_id)
+        if job is not None:
+            if not job.done.is_set() and timeout > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(job.done.wait(), timeout)
+            return job
+        # Another process runs or ran it: another replica of the fleet, or an earlier run of this service.
+        deadline = time.monotonic() + timeout
+        while True:
+            job = await run_in_threadpool(self._job_from_store, job_id)
+            if job is None:
+                raise NotFound(f"no job {job_id!r} (finished jobs are kept {JOB_KEEP_SECONDS:.0f} s)")
+            if job.done.is_set() or time.monotonic() >= deadline:
+                return job
+            await asyncio.sleep(min(STORE_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
 
     def _job_from_store(self, job_id: str) -> Job | None:
-        """A job of an earlier run of the service (its output is not kept, only its outcome)."""
+        """A job another process runs or ran, as the store has it: its whole answer when the replica
+        that ran it stored one (a fleet's jobs started without waiting), else its outcome (no output).
+
+        The record is read first: an answer is stored in the transaction that ends its record, so
+        a record read as finished has its answer readable by then."""
         record = self.manager.recorded_job(job_id)
-        if record is None or record.status in ("queued", "running"):
+        if record is None:
             return None
+        if record.status not in ("queued", "running"):
+            with records.session(self.manager.store) as db:
+                stored = db.get(records.JobAnswerRecord, job_id)
+            if stored is not None:
+                answer = json.loads(stored.answer)
+                job = Job(job_id=job_id, sandbox_id=record.sandbox_id, command=record.command, answer=answer)
+                job.done.set()
+                return job
         job = Job(job_id=record.id, sandbox_id=record.sandbox_id, command=record.command, status=record.status)
         job.error, job.created_at = record.error, record.created_at
         job.started_at, job.completed_at = record.started_at, record.completed_at
         if record.exit_code is not None:
             job.result = ExecResult(exit_code=record.exit_code, stdout="", stderr="")
-        job.done.set()
+        if record.status not in ("queued", "running"):
+            job.done.set()
         return job
 
     # housekeeping
@@ -581,13 +649,22 @@ class Service:
             if not self.manager.knows(sandbox_id):
                 self.ready.pop(sandbox_id, None)
                 await self._drop_agent(sandbox_id)
-        for sandbox_id, beat in list(self.heartbeats.items()):
-            if now - beat > self.heartbeat_silence:
-                try:
-                    await self.delete(sandbox_id)
-                except Exception:  # try again next round
-                    self.heartbeats.setdefault(sandbox_id, beat)
-                    log.exception("could not reap silent sandbox %s", sandbox_id)
+        if self.manager.fleet is not None:
+            await run_in_threadpool(self._fleet_housekeeping, now)
+        for sandbox_id in await run_in_threadpool(self.manager.silent, now - self.heartbeat_silence):
+            try:
+                await self.delete(sandbox_id)
+            except Exception:  # try again next round
+                log.exception("could not reap silent sandbox %s", sandbox_id)
+
+    def _fleet_housekeeping(self, now: float) -> None:
+        """Beat for this replica; fail the commands of replicas gone silent; forget old answers."""
+        self.manager.beat()
+        self.manager.fail_jobs_of_silent_replicas(now - self.replica_silence)
+        with records.session(self.manager.store) as db:
+            old = select(records.JobAnswerRecord).where(records.JobAnswerRecord.completed_at < now - JOB_KEEP_SECONDS)
+            for answer in db.exec(old).all():
+                db.delete(answer)
 
     async def close(self) -> None:
         """Close agent connections, delete every sandbox, run the close hooks."""
@@ -637,6 +714,8 @@ def create_app(service: Service) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
         await run_in_threadpool(service.manager.start)  # a no-op for a manager started already
+        if service.manager.fleet is not None:
+            await run_in_threadpool(service.manager.beat)
         service.spawn(service.housekeep())
         try:
             yield
@@ -732,7 +811,7 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/sandboxes/{sandbox_id}/heartbeat")
     async def heartbeat(sandbox_id: str) -> dict:
         await service.info(sandbox_id)
-        service.heartbeats[sandbox_id] = time.time()
+        await run_in_threadpool(service.manager.heartbeat, sandbox_id)
         return {"status": "ok", "sandbox_id": sandbox_id}
 
     @app.post("/sandboxes/{sandbox_id}/exec")
@@ -1062,21 +1141,27 @@ def serve(
     api_key: str | None = None,
     pools: list[str] | None = None,
     options: dict[str, str | None] | None = None,
+    fleet: str | None = None,
+    tuning: dict[str, Any] | None = None,
 ) -> None:
     """Run the service in this process until SIGINT/SIGTERM; then delete every sandbox it owns.
 
     `pools` are `IMAGE=SIZE` warm pools (blocked network, the API's default limits); `options` set
-    fields of the backend's config (`namespace`, `agent_image`, `kubeconfig` of Kubernetes).
+    fields of the backend's config (`namespace`, `agent_image`, `kubeconfig` of Kubernetes). With
+    `fleet`, this is one replica of that fleet (see `orchard.env.manager.Fleet`): the sandboxes
+    are the fleet's and outlive it. `tuning` sets `Service` intervals (`housekeep_interval`,
+    `heartbeat_silence`, `replica_silence`).
     """
     import uvicorn
 
     key = api_key or load_or_create_key()
     wanted = [parse_pool(p) for p in pools or []]
     where = configured_backend(backend, runtime=runtime, **(options or {}))
-    manager = SandboxManager(where, owner=None).start()
+    check_fleet(fleet, backend)
+    manager = SandboxManager(where, fleet=Fleet(fleet, key) if fleet else None).start()
     for image, size in wanted:
         manager.pools.warm(spec_of(CreateSandbox(image=image)), size)
-    service = Service(manager, key)
+    service = Service(manager, key, **(tuning or {}))
     config = uvicorn.Config(create_app(service), host=host, port=port, log_level="warning", **UVICORN_OPTIONS)
     write_state(f"http://{host}:{port}", key)  # so `orchard` and the SDK find it
     service.on_close.append(remove_state)
@@ -1085,6 +1170,16 @@ def serve(
     finally:
         manager.close()
         remove_state()
+
+
+def check_fleet(fleet: str | None, backend: str) -> None:
+    """A fleet needs a backend every replica reaches sandboxes through (not one host's sockets)."""
+    if fleet is None:
+        return
+    if backend != "kubernetes":
+        raise ConfigError(f"--fleet needs --backend kubernetes (the {backend!r} backend's sandboxes live on one host)")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fleet):
+        raise ConfigError(f"--fleet {fleet!r}: name it in lowercase letters, digits and '-', such as orchard")
 
 
 KUBERNETES_FLAGS = ("namespace", "agent_image", "kubeconfig")
@@ -1122,11 +1217,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", default="docker")
     parser.add_argument("--runtime", help="OCI runtime of the Docker engine, e.g. runsc for gVisor")
     parser.add_argument("--pool", action="append", default=[], metavar="IMAGE=SIZE")
+    parser.add_argument("--fleet", metavar="NAME", help="be one replica of this fleet (sharing ORCHARD_DB_URL)")
     for flag in KUBERNETES_FLAGS:
         parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag)
+    for knob in TUNING:
+        parser.add_argument(f"--{knob.replace('_', '-')}", dest=knob, type=float, metavar="SECONDS")
     args = parser.parse_args(argv)
     options = {flag: getattr(args, flag) for flag in KUBERNETES_FLAGS}
-    serve(args.host, args.port, backend=args.backend, runtime=args.runtime, pools=args.pool, options=options)
+    tuning = {knob: getattr(args, knob) for knob in TUNING if getattr(args, knob) is not None}
+    serve(
+        args.host,
+        args.port,
+        backend=args.backend,
+        runtime=args.runtime,
+        pools=args.pool,
+        options=options,
+        fleet=args.fleet,
+        tuning=tuning,
+    )
+
+
+TUNING = ("housekeep_interval", "heartbeat_silence", "replica_silence")
+"""`Service` intervals `python -m orchard.env.service` takes as flags (tests shorten them)."""
 
 
 if __name__ == "__main__":

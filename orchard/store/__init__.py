@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 
     from orchard.store.tables import (
         ExecRecord,
+        JobAnswerRecord,
         MetricRecord,
+        ReplicaRecord,
         ResultRecord,
         RunRecord,
         SandboxRecord,
@@ -39,7 +41,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ExecRecord",
+    "JobAnswerRecord",
     "MetricRecord",
+    "ReplicaRecord",
     "ResultRecord",
     "RunRecord",
     "SandboxRecord",
@@ -50,7 +54,17 @@ __all__ = [
     "session",
 ]
 
-_TABLES = ("ExecRecord", "MetricRecord", "ResultRecord", "RunRecord", "SandboxRecord", "StepRecord", "TrajectoryRecord")
+_TABLES = (
+    "ExecRecord",
+    "JobAnswerRecord",
+    "MetricRecord",
+    "ReplicaRecord",
+    "ResultRecord",
+    "RunRecord",
+    "SandboxRecord",
+    "StepRecord",
+    "TrajectoryRecord",
+)
 _engines: dict[str, Engine] = {}
 _lock = threading.Lock()
 
@@ -163,16 +177,19 @@ def _create(url: str) -> Engine:
 def _add_new_columns(connection) -> None:
     """A store made by an older Orchard gains the columns added since, each nullable or with a
     scalar default (given to the database, so existing rows read as that value, not NULL); a new
-    column with neither is refused: its rows could not be read. Nothing is rewritten."""
+    column with neither is refused: its rows could not be read. On PostgreSQL an INTEGER column
+    that is BIGINT now is widened; nothing else is rewritten."""
     from sqlalchemy import inspect, literal, text
     from sqlalchemy.sql.schema import ScalarElementColumnDefault
     from sqlmodel import SQLModel
 
     inspector = inspect(connection)
     for table in SQLModel.metadata.sorted_tables:
-        present = {column["name"] for column in inspector.get_columns(table.name)}
+        present = {column["name"]: column["type"] for column in inspector.get_columns(table.name)}
         for column in table.columns:
             if column.name in present:
+                if _widened(present[column.name], column.type) and connection.dialect.name == "postgresql":
+                    connection.execute(text(f'ALTER TABLE "{table.name}" ALTER COLUMN "{column.name}" TYPE BIGINT'))
                 continue
             kind = column.type.compile(dialect=connection.dialect)
             default = column.default
@@ -187,6 +204,13 @@ def _add_new_columns(connection) -> None:
                     "scalar default (an Orchard bug: give it one)"
                 )
             connection.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}'))
+
+
+def _widened(found: Any, wanted: Any) -> bool:
+    """Whether a column an older Orchard made INTEGER is BIGINT now."""
+    from sqlalchemy import BigInteger, Integer
+
+    return isinstance(wanted, BigInteger) and isinstance(found, Integer) and not isinstance(found, BigInteger)
 
 
 def _private_store(path: Path) -> None:

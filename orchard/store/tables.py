@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from sqlalchemy import BigInteger
 from sqlmodel import Field, SQLModel
+
+# Sizes in bytes are BIGINT: PostgreSQL's INTEGER stops at 2 GiB (SQLite's is 64-bit anyway).
 
 
 class SandboxRecord(SQLModel, table=True):
@@ -15,7 +18,7 @@ class SandboxRecord(SQLModel, table=True):
     image: str
     network: str = Field(description="blocked | open")
     cpu: float | None = None
-    memory_bytes: int | None = None
+    memory_bytes: int | None = Field(default=None, sa_type=BigInteger)
     owner: str = Field(index=True, description="who created it: a service or an SDK process")
     run_id: str | None = Field(default=None, index=True)
     status: str = Field(index=True, description="pending | ready | failed | deleted")
@@ -24,6 +27,9 @@ class SandboxRecord(SQLModel, table=True):
     ready_at: float | None = None
     deleted_at: float | None = None
     ttl: float
+    heartbeat_at: float | None = Field(
+        default=None, description="the client's last heartbeat (any replica of a fleet records it here)"
+    )
 
 
 class ExecRecord(SQLModel, table=True):
@@ -37,12 +43,35 @@ class ExecRecord(SQLModel, table=True):
     status: str = Field(description="queued | running | succeeded | failed")
     exit_code: int | None = None
     error: str | None = None
-    stdout_bytes: int = 0
-    stderr_bytes: int = 0
+    stdout_bytes: int = Field(default=0, sa_type=BigInteger)
+    stderr_bytes: int = Field(default=0, sa_type=BigInteger)
     created_at: float
     started_at: float | None = None
     completed_at: float | None = None
     duration: float | None = None
+    runner: str | None = Field(default=None, description="the service process running it (host:pid:start)")
+
+
+class JobAnswerRecord(SQLModel, table=True):
+    """A finished job's whole answer (its output included), kept for a while so that any replica of
+    a fleet can answer `GET /jobs/{id}` for a job another replica ran."""
+
+    __tablename__ = "job_answers"
+
+    job_id: str = Field(primary_key=True)
+    answer: str = Field(description="JSON: the API's job object")
+    completed_at: float = Field(index=True)
+
+
+class ReplicaRecord(SQLModel, table=True):
+    """One running replica of a fleet of services sharing this store, and its last sign of life."""
+
+    __tablename__ = "replicas"
+
+    id: str = Field(primary_key=True, description="the process (host:pid:start)")
+    fleet: str = Field(index=True)
+    started_at: float
+    beat_at: float
 
 
 class RunRecord(SQLModel, table=True):

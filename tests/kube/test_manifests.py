@@ -105,6 +105,7 @@ def test_the_deployment_runs_the_service_on_kubernetes_as_three_hardened_replica
     argv = [*container["command"], *container["args"]]
     assert argv[:4] == ["orchard", "up", "--backend", "kubernetes"] and "--foreground" in argv
     assert argv[argv.index("--host") + 1] == "0.0.0.0" and argv[argv.index("--port") + 1] == "8765"
+    assert argv[argv.index("--fleet") + 1] == "orchard"  # one fleet: the sandboxes outlive any replica
     assert container["image"].startswith("orchard/orchard:")
     assert container["ports"] == [{"name": "http", "containerPort": 8765}]
     assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
