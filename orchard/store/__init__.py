@@ -54,17 +54,7 @@ __all__ = [
     "session",
 ]
 
-_TABLES = (
-    "ExecRecord",
-    "JobAnswerRecord",
-    "MetricRecord",
-    "ReplicaRecord",
-    "ResultRecord",
-    "RunRecord",
-    "SandboxRecord",
-    "StepRecord",
-    "TrajectoryRecord",
-)
+_TABLES = tuple(name for name in __all__ if name.endswith("Record"))
 _engines: dict[str, Engine] = {}
 _lock = threading.Lock()
 
