@@ -423,15 +423,19 @@ class SandboxManager:
         """Delete expired sandboxes and orphans whose owner process is gone; return their ids."""
         now = now or time.time()
         reaped = []
+        orphaned = getattr(self.backend, "orphaned", None)  # a backend that knows owners on other hosts
         for found in self.backend.list():
             expired = found.expires_at and found.expires_at < now
-            if expired or not owner_alive(found.owner):
+            if expired or not owner_alive(found.owner) or (orphaned is not None and orphaned(found)):
                 self.backend.delete(check_sandbox_id(found.sandbox_id), found.owner)
                 with self._lock:
                     self._sandboxes.pop(found.sandbox_id, None)
                 reason = "expired (TTL)" if expired else f"orphaned (owner {found.owner} is gone)"
                 self._mark_reaped(found.sandbox_id, reason)
                 reaped.append(found.sandbox_id)
+        sweep = getattr(self.backend, "sweep", None)
+        if sweep is not None:
+            sweep()
         return reaped
 
     def recover(self) -> int:

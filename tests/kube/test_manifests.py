@@ -20,6 +20,11 @@ SERVICE_NS, SANDBOX_NS = "orchard", "orchard-sandboxes"
 LEAST_RIGHTS = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]},
     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["get"]},
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["create", "get", "list", "patch", "delete"],
+    },
 ]
 
 
@@ -313,8 +318,8 @@ def _as_service(kube, installed: dict[str, str]):
 
 def test_the_service_account_may_run_sandbox_pods_and_nothing_else(kube, installed) -> None:
     """With the service's own token: Pods in the sandbox namespace can be created, read, listed,
-    watched and deleted; anything else (another namespace, Secrets, changing a Pod, exec, logs,
-    cluster-wide lists) is forbidden."""
+    watched and deleted, and owners' Leases there written; anything else (another namespace,
+    Secrets, changing a Pod, exec, logs, cluster-wide lists) is forbidden."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
@@ -325,6 +330,7 @@ def test_the_service_account_may_run_sandbox_pods_and_nothing_else(kube, install
         "metadata": {"name": "rbac-check", "labels": {"app.kubernetes.io/managed-by": "orchard"}},
         "spec": {"containers": [{"name": "sandbox", "image": "busybox"}], "restartPolicy": "Never"},
     }
+    lease = {"metadata": {"name": "rbac-check"}, "spec": {"holderIdentity": "me", "leaseDurationSeconds": 40}}
 
     def status(call) -> int:
         try:
@@ -334,7 +340,7 @@ def test_the_service_account_may_run_sandbox_pods_and_nothing_else(kube, install
         return 200
 
     with _as_service(kube, installed) as api:
-        core = client.CoreV1Api(api)
+        core, leases = client.CoreV1Api(api), client.CoordinationV1Api(api)
         allowed = [
             status(lambda: core.create_namespaced_pod(sandboxes, pod)),
             status(lambda: core.read_namespaced_pod("rbac-check", sandboxes)),
@@ -342,6 +348,11 @@ def test_the_service_account_may_run_sandbox_pods_and_nothing_else(kube, install
             status(lambda: core.list_namespaced_pod(sandboxes)),
             status(lambda: core.list_namespaced_pod(sandboxes, watch=True, timeout_seconds=1, _preload_content=False)),
             status(lambda: core.delete_namespaced_pod("rbac-check", sandboxes, grace_period_seconds=0)),
+            status(lambda: leases.create_namespaced_lease(sandboxes, lease)),
+            status(lambda: leases.read_namespaced_lease("rbac-check", sandboxes)),
+            status(lambda: leases.patch_namespaced_lease("rbac-check", sandboxes, {"spec": {"holderIdentity": "me"}})),
+            status(lambda: leases.list_namespaced_lease(sandboxes)),
+            status(lambda: leases.delete_namespaced_lease("rbac-check", sandboxes)),
         ]
         denied = [
             status(lambda: core.create_namespaced_pod(service, pod)),
@@ -354,6 +365,8 @@ def test_the_service_account_may_run_sandbox_pods_and_nothing_else(kube, install
             status(lambda: core.read_namespaced_pod_log("any", sandboxes)),
             status(lambda: core.connect_post_namespaced_pod_exec("any", sandboxes, command=["true"])),
             status(lambda: core.list_namespace()),
+            status(lambda: leases.create_namespaced_lease(service, lease)),
+            status(lambda: leases.list_namespaced_lease(service)),
         ]
     assert allowed == [200] * len(allowed)
     assert denied == [403] * len(denied)

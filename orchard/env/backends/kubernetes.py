@@ -52,6 +52,16 @@ and a NetworkPolicy is only enforced by a CNI plugin that implements it. Unlike 
 
 Ownership: `delete` and `state` act only on a Pod that carries Orchard's labels for that sandbox
 id (and owner annotation, when given), never on one that merely has the name `orchard-<id>`.
+
+Owners' heartbeats: an owner (an SDK process, a service) may live on any host, where no other
+process can tell whether it still runs. So each owner holds a Lease (coordination.k8s.io, named
+`orchard-owner-<hash of the owner>`, in the namespace) that its backend creates before its first
+Pod and renews every quarter of `owner_lease` seconds, and each of its Pods names that Lease in the
+annotation `orchard.sandbox/lease`. A Pod whose Lease is gone or was not renewed for `owner_lease`
+seconds is an orphan (`orphaned`) that any manager reaps, on any host: its owner was killed, or
+lost its host or its network. A backend that closes deletes its Leases. A fleet (owner `fleet:`)
+holds none: its sandboxes outlive replicas, and their TTL and heartbeats reap them. Lease times
+are the owner's clock against the reader's: clocks must agree within a few seconds.
 """
 
 from __future__ import annotations
@@ -66,6 +76,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -96,6 +107,8 @@ NETWORK_LABEL = "orchard.sandbox/network"
 RUN_KEY = "orchard.sandbox/run"
 """A label when the run id is a valid label value, and always an annotation (any text)."""
 OWNER_ANNOTATION = "orchard.sandbox/owner"
+LEASE_ANNOTATION = "orchard.sandbox/lease"
+"""The owner's Lease (see the module's docstring)."""
 CREATED_ANNOTATION = "orchard.sandbox/created"
 TTL_ANNOTATION = "orchard.sandbox/ttl"
 SELECTOR = f"{MANAGED_BY}=orchard"
@@ -175,6 +188,12 @@ class KubernetesConfig(BaseModel):
         description="Seconds a Pod may stay unschedulable before the sandbox fails (longer where a "
         "cluster autoscaler adds nodes).",
     )
+    owner_lease: float = Field(
+        default=40.0,
+        ge=2,
+        description="Seconds an owner's Lease lasts unrenewed (renewed every quarter of it); its Pods "
+        "are orphans, reaped by any other owner, once it lapses.",
+    )
 
     def build(self) -> KubernetesBackend:
         """Connect to the API server (the kubernetes package is imported only now)."""
@@ -206,6 +225,7 @@ class KubernetesBackend:
         """When `state` first saw each Pod (by uid) unschedulable (monotonic seconds)."""
         self._unschedulable_lock = threading.Lock()
         self._cache = _PodCache(self)
+        self._leases = _OwnerLeases(self)
         try:
             self._cache.start()
         except BaseException:
@@ -224,6 +244,9 @@ class KubernetesBackend:
         time) and takes it; any other Pod of that name is a Conflict.
         """
         manifest = self.pod_manifest(sandbox_id, spec, token)
+        lease = self._leases.hold(spec.owner)
+        if lease is not None:
+            manifest["metadata"]["annotations"][LEASE_ANNOTATION] = lease
         try:
             pod = self._call("POST", self._pods_path(), body=manifest, what=f"create Pod {self.pod_name(sandbox_id)}")
         except ApiRefused as exc:
@@ -328,8 +351,20 @@ class KubernetesBackend:
             if ID_LABEL in (pod["metadata"].get("labels") or {}) and not pod["metadata"].get("deletionTimestamp")
         ]
 
+    def orphaned(self, found: BackendSandbox) -> bool:
+        """Whether the sandbox's owner let its Lease lapse (or deleted it): see the module's docstring."""
+        lease = found.labels.get(LABEL_PREFIX + "lease")
+        return lease is not None and self._leases.lapsed(lease)
+
+    def sweep(self) -> None:
+        """Delete the Leases that lapsed long ago and that no Pod names any more."""
+        named = {sandbox.labels.get(LABEL_PREFIX + "lease") for sandbox in self.list()}
+        self._leases.sweep(named)
+
     def close(self) -> None:
-        """Stop the watch and close the connection pool."""
+        """Give up this backend's Leases (its owners' remaining Pods become orphans), stop the watch,
+        and close the connection pool."""
+        self._leases.close()
         self._cache.stop()
         self._client.close()
 
@@ -383,6 +418,7 @@ class KubernetesBackend:
         body: dict | None = None,
         what: str,
         retry_for: float | None = None,
+        content_type: str = "application/json",
     ) -> dict:
         """One API call, JSON both ways, under the concurrency limit; retried on 429, 5xx and lost connections.
 
@@ -398,7 +434,9 @@ class KubernetesBackend:
             refused, retry_after = None, None
             try:
                 with self._slots:
-                    response = self._send(method, path, query, body, timeout=self.config.timeout)
+                    response = self._send(
+                        method, path, query, body, timeout=self.config.timeout, content_type=content_type
+                    )
                     data = response.read()
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
@@ -423,12 +461,18 @@ class KubernetesBackend:
             delay = min(delay * 2, MAX_BACKOFF)
 
     def _send(
-        self, method: str, path: str, query: builtins.list[tuple[str, str]] | None, body: dict | None, timeout: Any
+        self,
+        method: str,
+        path: str,
+        query: builtins.list[tuple[str, str]] | None,
+        body: dict | None,
+        timeout: Any,
+        content_type: str = "application/json",
     ) -> Any:
         """Send one request (auth applied as the kubeconfig says); the answer unread (urllib3's, streamable)."""
         headers = {"Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         request = self._client.param_serialize(
             method, path, query_params=query or None, header_params=headers, body=body, auth_settings=["BearerToken"]
         )
@@ -626,6 +670,157 @@ class _Expired(Exception):
 
 
 # -- the Pod ---------------------------------------------------------------------------
+
+
+class _OwnerLeases:
+    """The Leases of the owners this backend creates Pods for, renewed by one thread; and a look at
+    other owners' Leases. Thread-safe."""
+
+    def __init__(self, backend: KubernetesBackend):
+        self._backend = backend
+        self._held: dict[str, str] = {}
+        """owner -> the name of its Lease"""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seen: dict[str, tuple[float, dict | None]] = {}
+        """Other owners' Leases as last read (monotonic time, the Lease or None)."""
+
+    @property
+    def _path(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self._backend.namespace}/leases"
+
+    def hold(self, owner: str) -> str | None:
+        """The name of `owner`'s Lease, written now if this backend does not hold it yet; None for a
+        fleet (or no owner), which holds no Lease."""
+        if not owner or owner.startswith("fleet:"):
+            return None
+        with self._lock:  # the first Pod of an owner waits for its Lease; the others do not
+            name = self._held.get(owner)
+            if name is None:
+                name = lease_name(owner)
+                self._write(name, owner)
+                self._held[owner] = name
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._renew_forever, daemon=True, name="orchard-leases")
+                    self._thread.start()
+        return name
+
+    def lapsed(self, name: str) -> bool:
+        """Whether the Lease `name` is gone, or was not renewed within its duration (and is not ours)."""
+        with self._lock:
+            if name in self._held.values():
+                return False
+            seen = self._seen.get(name)
+        if seen is None or time.monotonic() - seen[0] > self._seconds / 4:  # a reaping round reads each once
+            seen = (time.monotonic(), self._read(name))
+            with self._lock:
+                self._seen[name] = seen
+        lease = seen[1]
+        return lease is None or _lease_age(lease) > _lease_duration(lease)
+
+    def sweep(self, named: set[str | None]) -> None:
+        """Delete Orchard's Leases that lapsed more than twice their duration ago and no Pod names."""
+        with self._lock:
+            held = set(self._held.values())
+        found = self._backend._call("GET", self._path, query=[("labelSelector", SELECTOR)], what="list Leases")
+        with self._lock:
+            self._seen.clear()
+        for lease in found.get("items") or []:
+            name = lease["metadata"]["name"]
+            if name in held or name in named or _lease_age(lease) <= 2 * _lease_duration(lease):
+                continue
+            self._delete(name, lease["metadata"].get("uid"))
+
+    def close(self) -> None:
+        """Stop renewing and delete the Leases held (best effort: an unreachable server lets them lapse)."""
+        self._stop.set()
+        with self._lock:
+            held, self._held = list(self._held.values()), {}
+        for name in held:
+            try:
+                self._delete(name)
+            except Exception:  # they lapse on their own
+                log.warning("could not delete the Lease %s; it lapses in %.0f s", name, self._seconds)
+
+    @property
+    def _seconds(self) -> float:
+        return self._backend.config.owner_lease
+
+    def _renew_forever(self) -> None:
+        while not self._stop.wait(self._seconds / 4):
+            with self._lock:
+                held = dict(self._held)
+            for owner, name in held.items():
+                try:
+                    self._write(name, owner)
+                except Exception:  # the server may be briefly away: the next round tries again
+                    log.warning("could not renew the Lease %s", name, exc_info=True)
+
+    def _write(self, name: str, owner: str) -> None:
+        """Renew the Lease (a merge patch: a Lease takes no unconditional replace), or create it."""
+        spec = {"holderIdentity": owner, "leaseDurationSeconds": max(1, math.ceil(self._seconds))}
+        spec["renewTime"] = _micro_time(time.time())
+        try:
+            self._backend._call(
+                "PATCH",
+                f"{self._path}/{name}",
+                body={"spec": spec},
+                content_type="application/merge-patch+json",
+                what=f"renew Lease {name}",
+            )
+        except ApiRefused as exc:
+            if exc.status != 404:
+                raise
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name, "labels": {MANAGED_BY: "orchard"}},
+                "spec": spec,
+            }
+            self._backend._call("POST", self._path, body=body, what=f"create Lease {name}")
+
+    def _read(self, name: str) -> dict | None:
+        try:
+            return self._backend._call("GET", f"{self._path}/{name}", what=f"read Lease {name}")
+        except ApiRefused as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _delete(self, name: str, uid: str | None = None) -> None:
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        try:
+            self._backend._call("DELETE", f"{self._path}/{name}", body=options, what=f"delete Lease {name}")
+        except ApiRefused as exc:
+            if exc.status not in (404, 409):
+                raise
+
+
+def lease_name(owner: str) -> str:
+    """The Lease of an owner: `orchard-owner-` and 16 hex digits of the owner's SHA-256."""
+    return f"orchard-owner-{hashlib.sha256(owner.encode()).hexdigest()[:16]}"
+
+
+def _micro_time(seconds: float) -> str:
+    """Kubernetes' MicroTime (RFC 3339, microseconds, UTC)."""
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _lease_age(lease: dict) -> float:
+    """Seconds since the Lease was last renewed (infinite when it never was)."""
+    text = (lease.get("spec") or {}).get("renewTime") or ""
+    try:
+        renewed = datetime.strptime(text.replace("Z", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z")
+    except ValueError:
+        return math.inf
+    return time.time() - renewed.timestamp()
+
+
+def _lease_duration(lease: dict) -> float:
+    return float((lease.get("spec") or {}).get("leaseDurationSeconds") or 0)
 
 
 def pod_name(sandbox_id: str) -> str:
@@ -863,6 +1058,8 @@ def _sandbox_labels(pod: dict) -> dict[str, str]:
     }
     if notes.get(RUN_KEY) or labels.get(RUN_KEY):
         found["run"] = notes.get(RUN_KEY) or labels[RUN_KEY]
+    if notes.get(LEASE_ANNOTATION):
+        found["lease"] = notes[LEASE_ANNOTATION]
     return {LABEL_PREFIX + key: value for key, value in found.items()}
 
 

@@ -1,0 +1,107 @@
+"""Owners' Leases on the real API server: a sandbox whose owner lives on another host (where no
+process check can reach) is reaped by any other owner once the owner's Lease lapses, and not while
+the owner renews it; an owner that closes gives its Lease up; lapsed Leases are swept.
+
+No kubelet runs here: the Pods stay Pending, which is all reaping looks at.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kubelet import ApiError, _Api, pod_path
+
+from orchard.env.backends.kubernetes import KubernetesConfig, lease_name
+from orchard.env.manager import SandboxManager
+from orchard.store import Store
+
+LEASE = 4.0
+OTHER_HOST_OWNER = "another-host:4242:99"
+"""An owner on another host: `owner_alive` cannot tell whether it runs, so only its Lease can."""
+
+OWNER = f"""
+import sys, time
+from dataclasses import replace
+from orchard.env.backends.base import make_spec
+from orchard.env.backends.kubernetes import KubernetesConfig
+
+config = KubernetesConfig(kubeconfig=sys.argv[1], namespace=sys.argv[2], owner_lease={LEASE})
+backend = config.build()
+backend.create("orphan-1", replace(make_spec("orchard/base:bookworm"), owner={OTHER_HOST_OWNER!r}), "token")
+print("created", flush=True)
+time.sleep(600)
+"""
+
+
+def _lease_path(namespace: str, owner: str) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease_name(owner)}"
+
+
+def _exists(api: _Api, path: str) -> bool:
+    try:
+        api.call("GET", path)
+    except ApiError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def _eventually(check, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.25)
+
+
+def test_a_killed_owners_sandbox_is_reaped_once_its_lease_lapses_and_not_before(
+    kube, namespace, api, tmp_path: Path
+) -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, kube.kubeconfig, namespace], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline() == "created\n"
+        config = KubernetesConfig(kubeconfig=kube.kubeconfig, namespace=namespace, owner_lease=LEASE)
+        store = Store.open(f"sqlite:///{tmp_path / 'orchard.db'}")
+        with SandboxManager(config, store=store, reap_interval=None) as other:
+            assert other.reaped_at_start == []
+            time.sleep(LEASE * 1.5)  # longer than the Lease: only renewals keep it
+            assert other.reap() == [] and _exists(api, pod_path(namespace, "orchard-orphan-1"))
+
+            owner.kill()  # as a lost host would: no goodbye
+            owner.wait()
+            reaped: list[str] = []
+            _eventually(lambda: bool(reaped.extend(other.reap()) or reaped), LEASE * 4, "the orphan was not reaped")
+            assert reaped == ["orphan-1"]
+            _eventually(lambda: not _exists(api, pod_path(namespace, "orchard-orphan-1")), 30, "its Pod stayed")
+            lease = _lease_path(namespace, OTHER_HOST_OWNER)
+            _eventually(lambda: other.reap() == [] and not _exists(api, lease), LEASE * 4, "its Lease was not swept")
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def test_an_owner_that_closes_gives_up_its_lease_and_a_fleet_holds_none(kube, namespace, api) -> None:
+    from dataclasses import replace
+
+    from orchard.env.backends.base import make_spec
+
+    backend = KubernetesConfig(kubeconfig=kube.kubeconfig, namespace=namespace, owner_lease=LEASE).build()
+    try:
+        backend.create("closing-1", replace(make_spec("orchard/base:bookworm"), owner=OTHER_HOST_OWNER), "token")
+        backend.create("fleet-1", replace(make_spec("orchard/base:bookworm"), owner="fleet:lab"), "token")
+        pods = {p["metadata"]["name"]: p for p in api.call("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]}
+        annotations = {name: pod["metadata"]["annotations"] for name, pod in pods.items()}
+        assert annotations["orchard-closing-1"]["orchard.sandbox/lease"] == lease_name(OTHER_HOST_OWNER)
+        assert "orchard.sandbox/lease" not in annotations["orchard-fleet-1"]
+        assert _exists(api, _lease_path(namespace, OTHER_HOST_OWNER))
+        assert not _exists(api, _lease_path(namespace, "fleet:lab"))
+        for sandbox_id, owner in (("closing-1", OTHER_HOST_OWNER), ("fleet-1", "fleet:lab")):
+            backend.delete(sandbox_id, owner)
+    finally:
+        backend.close()
+    assert not _exists(api, _lease_path(namespace, OTHER_HOST_OWNER))
