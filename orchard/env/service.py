@@ -539,7 +539,7 @@ class Service:
                 answer = await asend(agent, call)
             job.result = result = dataclasses.replace(answer, raw_stdout=b"", raw_stderr=b"")  # text is enough
         except OrchardError as exc:
-            job.error = str(exc)
+            job.error = await self._why_lost(job.sandbox_id, str(exc)) if type(exc) is AgentError else str(exc)
             job.rejected = isinstance(exc, InvalidRequest) and not isinstance(exc, TooLarge)  # the agent's, not ours
             result = ExecResult(exit_code=None, stdout="", stderr="", error=job.error)
         except Exception as exc:  # a bug or a garbled answer: the job still ends, with the reason
@@ -571,6 +571,18 @@ class Service:
             answer = json.dumps(job.public())
             completed = job.completed_at or time.time()
             db.merge(records.JobAnswerRecord(job_id=job.job_id, answer=answer, completed_at=completed))
+
+    async def _why_lost(self, sandbox_id: str, error: str) -> str:
+        """`error` (no answer from the agent), with the reason when the sandbox itself died: it is
+        then failed and removed at once, not when someone next looks at it."""
+        try:
+            info = await run_in_threadpool(self.manager.check_alive, sandbox_id)
+        except OrchardError:  # deleted meanwhile, or the backend is away: the error as it was
+            return error
+        if info.status != "failed":
+            return error
+        await self._drop_agent(sandbox_id)
+        return f"{error}; {info.status_message}"
 
     def _keep_output(self, job: Job) -> None:
         """Count a finished job's output, dropping the oldest jobs' output past the budget."""

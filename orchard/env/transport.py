@@ -98,6 +98,19 @@ MAX_HEADERS = 64
 """Header lines of an agent's answer (it sends about five)."""
 CHUNK = 1024 * 1024
 """Bytes read at a time of a body streamed into a `Call.sink`."""
+CONNECT_SECONDS = 10.0
+"""The most a TCP connect to an agent may take (a Pod IP on a lost node drops packets: without a
+bound of its own, a connect would wait out the whole command's timeout)."""
+KEEPALIVE = ((socket.TCP_KEEPIDLE, 15), (socket.TCP_KEEPINTVL, 5), (socket.TCP_KEEPCNT, 3))
+"""TCP keep-alive on agent connections: a peer gone silent mid-command is noticed in about 30 s."""
+
+
+def tune_tcp(sock: socket.socket) -> None:
+    """No Nagle delay, and keep-alive probes (see KEEPALIVE), on a TCP connection to an agent."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in KEEPALIVE:
+        sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 def _limit(call: Call) -> int:
@@ -188,8 +201,9 @@ class _Connection:
         if endpoint.uds:
             self.sock = connect_unix(endpoint.uds, timeout)
         else:
-            self.sock = socket.create_connection((host, port), timeout=timeout)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            connect = CONNECT_SECONDS if timeout is None else min(timeout, CONNECT_SECONDS)
+            self.sock = socket.create_connection((host, port), timeout=connect)
+            tune_tcp(self.sock)
         self.reader = self.sock.makefile("rb")
 
     def exchange(self, message: bytes, call: Call, timeout: float | None) -> Answer:
@@ -329,7 +343,9 @@ async def open_agent_connection(
     `limit` bounds a line read with `readline` (asyncio's default, 64 KiB, unless told).
     """
     if not endpoint.uds:
-        return await asyncio.open_connection(host, port, limit=limit)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=limit), CONNECT_SECONDS)
+        tune_tcp(writer.get_extra_info("socket"))
+        return reader, writer
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.setblocking(False)

@@ -1284,7 +1284,7 @@ class TestKubelet:
         filters = {"label": [f"{LABEL}/instance={self.instance}", f"{LABEL}/pod-name={name}"]}
         if namespace or self.namespace:
             filters["label"].append(f"{LABEL}/pod-namespace={namespace or self.namespace}")
-        found = self._docker.containers.list(all=True, filters=filters)
+        found = self._docker.containers.list(all=True, filters=filters, ignore_removed=True)
         return sorted(found, key=lambda c: (c.labels.get(f"{LABEL}/kind") != "init", c.attrs.get("Created", "")))
 
     def kill(self, name: str, namespace: str | None = None, container: str | None = None) -> None:
@@ -1309,7 +1309,9 @@ class TestKubelet:
         if self._docker is None:
             return []
         label = {"label": f"{LABEL}/instance={self.instance}"}
-        containers = [f"container {c.name}" for c in self._docker.containers.list(all=True, filters=label)]
+        containers = [
+            f"container {c.name}" for c in self._docker.containers.list(all=True, filters=label, ignore_removed=True)
+        ]
         volumes = [f"volume {v.name}" for v in self._docker.volumes.list(filters=label)]
         return containers + volumes
 
@@ -1350,7 +1352,7 @@ class TestKubelet:
     def _remove_objects(self, labels: dict[str, str]) -> None:
         """Remove the containers, then volumes, then networks that carry `labels`."""
         selector = {"label": [f"{key}={value}" for key, value in labels.items()]}
-        for container in self._docker.containers.list(all=True, filters=selector):
+        for container in self._docker.containers.list(all=True, filters=selector, ignore_removed=True):
             with contextlib.suppress(Exception):
                 container.remove(force=True)
         for volume in self._docker.volumes.list(filters=selector):
@@ -1362,7 +1364,9 @@ class TestKubelet:
 
     def _remove_dead_kubelets_objects(self) -> None:
         """What test kubelets of processes no longer running left behind (a killed test run)."""
-        labels = [c.labels for c in self._docker.containers.list(all=True, filters={"label": LABEL})]
+        labels = [
+            c.labels for c in self._docker.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True)
+        ]
         labels += [v.attrs.get("Labels") or {} for v in self._docker.volumes.list(filters={"label": LABEL})]
         labels += [n.attrs.get("Labels") or {} for n in self._docker.networks.list(filters={"label": LABEL})]
         pids = {found.get(f"{LABEL}/pid") for found in labels} - {None, "", str(os.getpid())}
