@@ -71,7 +71,7 @@ import tempfile
 import time
 import zipfile
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from orchard.config import settings
@@ -118,9 +118,10 @@ class Bundle:
 
     path: Path
 
-    @property
+    @cached_property
     def manifest(self) -> dict[str, object]:
-        """The bundle's `bundle.json`: linker name, Python version, module and library counts."""
+        """The bundle's `bundle.json`: linker name, Python version, module and library counts (read
+        once: a built bundle does not change)."""
         return dict(json.loads((self.path / MANIFEST).read_text()))
 
     @property

@@ -77,6 +77,7 @@ class Cluster:
         configuration.host = self.url
         configuration.ssl_ca_cert = str(self.ca_file)
         configuration.api_key = {"BearerToken": f"Bearer {token or self.token}"}
+        configuration.connection_pool_maxsize = 64  # the test kubelet's workers and watch, without reconnecting
         return client.ApiClient(configuration)
 
     @property

@@ -221,14 +221,14 @@ class _Api:
             raise ApiError(response.status, data)
         return response
 
-    def call(self, method: str, path: str, *, retry_for: float = 10.0, **kwargs: Any) -> Any:
-        """The JSON answer of one call, retried as the class says."""
+    def call(self, method: str, path: str, *, retry_for: float = 10.0, answer: bool = True, **kwargs: Any) -> Any:
+        """The JSON answer of one call (None without `answer`: not parsed), retried as the class says."""
         deadline = time.monotonic() + retry_for
         delay = 0.05
         while True:
             try:
                 data = self.open(method, path, **kwargs).data
-                return json.loads(data) if data else None
+                return json.loads(data) if data and answer else None
             except ApiError as exc:
                 if exc.status not in self.RETRIED:
                     raise
@@ -1572,6 +1572,7 @@ class TestKubelet:
             body={"status": status},
             content_type=MERGE_PATCH,
             retry_for=retry_for,
+            answer=False,
         )
         self._count("status_writes")
 
@@ -1579,7 +1580,7 @@ class TestKubelet:
         """Delete the Pod object at once (grace 0), only the incarnation with this uid."""
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
         try:
-            self._api.call("DELETE", pod_path(namespace, name), body=body, retry_for=60.0)
+            self._api.call("DELETE", pod_path(namespace, name), body=body, retry_for=60.0, answer=False)
             self._count("deletes")
         except ApiError as exc:
             if exc.status not in (404, 409):  # gone already, or another Pod by now has that name
@@ -1675,7 +1676,7 @@ class TestKubelet:
             "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name},
         }
         try:
-            self._api.call("POST", pod_path(meta["namespace"], meta["name"], "binding"), body=binding)
+            self._api.call("POST", pod_path(meta["namespace"], meta["name"], "binding"), body=binding, answer=False)
         except ApiError as exc:
             if exc.status in (404, 409):  # deleted meanwhile, or bound already: the watch tells which
                 return

@@ -325,7 +325,9 @@ class KubernetesBackend:
                 "preconditions": {"uid": pod["metadata"]["uid"]},
             }
             try:
-                self._call("DELETE", f"{self._pods_path()}/{name}", body=options, what=f"delete Pod {name}")
+                self._call(
+                    "DELETE", f"{self._pods_path()}/{name}", body=options, what=f"delete Pod {name}", answer=False
+                )
             except ApiRefused as exc:
                 if exc.status == 404:
                     return
@@ -419,8 +421,11 @@ class KubernetesBackend:
         what: str,
         retry_for: float | None = None,
         content_type: str = "application/json",
+        answer: bool = True,
     ) -> dict:
         """One API call, JSON both ways, under the concurrency limit; retried on 429, 5xx and lost connections.
+
+        Without `answer` the answer is not parsed ({} is returned): a Pod's JSON costs CPU to decode.
 
         ApiRefused for an error answer (after the retries for a transient one); EngineUnavailable
         when the server stays unreachable for `retry_for` seconds (the config's by default).
@@ -442,7 +447,7 @@ class KubernetesBackend:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
                 if 200 <= response.status < 300:
-                    return json.loads(data) if data else {}
+                    return json.loads(data) if data and answer else {}
                 refused = _refusal(response.status, response.reason, data, attempts)
                 if response.status not in RETRY_STATUSES:
                     raise refused
