@@ -211,7 +211,7 @@ def down(
         time.sleep(0.1)
     if process_alive(pid):
         os.kill(pid, signal.SIGKILL)
-    leftovers = _remove_orphans()
+    leftovers = _remove_orphans(state.get("backend") or {"name": "docker"})
     typer.echo(f"stopped the service (pid {pid}); {leftovers} leftover sandbox(es) removed")
 
 
@@ -238,7 +238,8 @@ def status(
     if service:
         with _service_client(service["url"]) as client:
             count = len(client.list())
-        typer.echo(f"service       : {service['url']} (pid {service['pid']}), {count} sandbox(es)")
+        backend = (service.get("backend") or {"name": "docker"})["name"]
+        typer.echo(f"service       : {service['url']} (pid {service['pid']}, {backend}), {count} sandbox(es)")
     else:
         typer.echo(f"service       : not running{_where(url, port)} (orchard up)")
     typer.echo(f"store         : {settings().db_url}")
@@ -262,11 +263,16 @@ def cost(
     typer.echo(f"\nprices: {prices or DEFAULT_PRICES} (edit a copy, pass --prices FILE)")
 
 
-def _remove_orphans() -> int:
-    """Reap what a stopped service may have left: its sandboxes are orphans now."""
+def _remove_orphans(backend: dict) -> int:
+    """Reap what a stopped service may have left, in its backend (`name` and `config` as the
+    service recorded them): its sandboxes are orphans now."""
+    from orchard.env.backends import backend_config
     from orchard.env.manager import SandboxManager
 
-    manager = SandboxManager("docker", reap_interval=None).start()  # reaps orphans and expired ones
+    where = backend_config(backend["name"])
+    if backend.get("config"):
+        where = type(where).model_validate(backend["config"])
+    manager = SandboxManager(where, reap_interval=None).start()  # reaps orphans and expired ones
     manager.close()
     return len(manager.reaped_at_start)
 

@@ -26,14 +26,16 @@ def read_state() -> dict | None:
     return state if isinstance(state, dict) else None
 
 
-def write_state(url: str, api_key: str) -> None:
-    """Record that this process serves `url` with `api_key` (mode 0600, replaced atomically)."""
+def write_state(url: str, api_key: str, backend: dict | None = None) -> None:
+    """Record that this process serves `url` with `api_key` over `backend` (its name and config, so
+    `orchard down` reaps leftovers where they are), mode 0600, replaced atomically."""
     path = settings().service_state
     private_folder(path.parent)
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    state = {"pid": os.getpid(), "url": url, "api_key": api_key, "started_at": time.time(), "backend": backend}
     with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "url": url, "api_key": api_key, "started_at": time.time()}, f)
+        json.dump(state, f)
     os.replace(tmp, path)
 
 

@@ -1175,7 +1175,8 @@ def serve(
         manager.pools.warm(spec_of(CreateSandbox(image=image)), size)
     service = Service(manager, key, **(tuning or {}))
     config = uvicorn.Config(create_app(service), host=host, port=port, log_level="warning", **UVICORN_OPTIONS)
-    write_state(f"http://{host}:{port}", key)  # so `orchard` and the SDK find it
+    described = {"name": backend, "config": where.model_dump(mode="json")}
+    write_state(f"http://{host}:{port}", key, described)  # so `orchard` and the SDK find it
     service.on_close.append(remove_state)
     try:
         uvicorn.Server(config).run()

@@ -105,3 +105,43 @@ def test_an_owner_that_closes_gives_up_its_lease_and_a_fleet_holds_none(kube, na
     finally:
         backend.close()
     assert not _exists(api, _lease_path(namespace, OTHER_HOST_OWNER))
+
+
+LEFTOVER = """
+import sys
+from orchard.env.backends.base import make_spec
+from orchard.env.backends.kubernetes import KubernetesConfig
+from orchard.process import process_owner
+from dataclasses import replace
+
+backend = KubernetesConfig(kubeconfig=sys.argv[1], namespace=sys.argv[2]).build()
+backend.create("leftover-1", replace(make_spec("orchard/base:bookworm"), owner=process_owner()), "token")
+"""
+
+
+def test_orchard_down_reaps_a_kubernetes_services_leftovers_in_its_cluster(kube, namespace, api, orchard_home) -> None:
+    """`orchard up --backend kubernetes` in the background, then `orchard down`: what dead owners of
+    this host left in the cluster is reaped there (not in the local Docker engine), and `orchard
+    status` names the backend."""
+    import socket
+
+    from typer.testing import CliRunner
+
+    from orchard.cli import app
+
+    runner = CliRunner()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    up = ["up", "--backend", "kubernetes", "--kubeconfig", kube.kubeconfig, "--namespace", namespace]
+    started = runner.invoke(app, [*up, "--port", str(port)])
+    assert started.exit_code == 0, started.output
+    try:
+        subprocess.run([sys.executable, "-c", LEFTOVER, kube.kubeconfig, namespace], check=True)  # it exits: an orphan
+        assert _exists(api, pod_path(namespace, "orchard-leftover-1"))
+        status = runner.invoke(app, ["status"])
+        assert f"http://127.0.0.1:{port} (pid" in status.stdout and "kubernetes), 0 sandbox(es)" in status.stdout
+    finally:
+        stopped = runner.invoke(app, ["down"])
+    assert stopped.exit_code == 0 and "1 leftover sandbox(es) removed" in stopped.stdout, stopped.output
+    _eventually(lambda: not _exists(api, pod_path(namespace, "orchard-leftover-1")), 30, "the leftover stayed")
