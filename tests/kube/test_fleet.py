@@ -27,6 +27,8 @@ import pytest
 from kubelet import pod_path
 
 from orchard.env import images
+from orchard.env.calls import AgentCalls, send
+from orchard.env.manager import HEALTH as HEALTH_CALL
 
 HOUSEKEEP = 0.5
 HEARTBEAT_SILENCE = 4.0
@@ -177,3 +179,40 @@ def test_heartbeats_to_any_replica_keep_a_sandbox_alive_and_once_they_stop_the_f
             assert time.monotonic() < deadline, "a silent sandbox of the fleet was not reaped"
             time.sleep(0.5)
     assert kubelet.leftovers() == []
+
+
+def test_a_fleets_tokens_are_in_no_store_and_no_pod(replicas, api, namespace, kubelet, base_image) -> None:
+    """The agent's token of a fleet's sandbox is derived on the replicas (HMAC under the API key):
+    it opens the agent at the Pod IP, and it is nowhere in the store or the Pod; another key's
+    derivation is refused by the agent."""
+    import json
+
+    import sqlalchemy
+    from sqlmodel import SQLModel
+
+    import orchard.store.tables  # noqa: F401  (the tables' metadata)
+    from orchard.env.backends.base import AgentEndpoint
+    from orchard.env.manager import Fleet, agent_http
+    from orchard.errors import AuthError
+
+    a, _ = replicas.start("a")
+    with _no_pods_left(api, namespace):
+        box = a.post("/sandboxes", json={"image": base_image}).json()["sandbox_id"]
+        assert a.get(f"/sandboxes/{box}/wait", params={"timeout": 120}).json()["ready"]
+        assert _exec(a, box, "echo hi")["stdout"] == "hi\n"
+        token = Fleet(replicas.fleet, replicas.key).token(box)
+        pod = api.call("GET", pod_path(namespace, f"orchard-{box}"))
+        address = f"http://{pod['status']['podIP']}:7000"
+        with agent_http(AgentEndpoint(token=token, url=address), timeout=10) as http:
+            assert http.request(HEALTH_CALL).status_code == 200
+        wrong = Fleet(replicas.fleet, "another-key").token(box)
+        with agent_http(AgentEndpoint(token=wrong, url=address), timeout=10) as http, pytest.raises(AuthError):
+            send(http, AgentCalls().exec("true"))
+        assert token not in json.dumps(pod)
+        engine = sqlalchemy.create_engine(replicas.db_url)
+        with engine.connect() as connection:
+            for table in SQLModel.metadata.sorted_tables:
+                rows = connection.execute(table.select()).all()
+                assert token not in repr(rows), table.name
+        engine.dispose()
+        assert a.delete(f"/sandboxes/{box}").status_code == 200
