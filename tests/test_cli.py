@@ -285,10 +285,11 @@ def test_up_refuses_another_backends_options_before_starting(orchard_home):
     _one_error_line(
         runner.invoke(app, ["up", "--backend", "kubernetes", "--runtime", "runsc"]), "--runtime is not an option"
     )
-    _one_error_line(runner.invoke(app, ["up", "--fleet", "lab"]), "--fleet needs --backend kubernetes")
-    _one_error_line(
-        runner.invoke(app, ["up", "--backend", "kubernetes", "--fleet", "Lab_1"]), "--fleet 'Lab_1': name it in"
-    )
+    fleet = ["up", "--backend", "kubernetes", "--fleet"]
+    _one_error_line(runner.invoke(app, [*fleet, "lab"]), "--fleet needs the key its replicas share")
+    keyed = {"ORCHARD_API_KEY": "shared"}
+    _one_error_line(runner.invoke(app, ["up", "--fleet", "lab"], env=keyed), "--fleet needs --backend kubernetes")
+    _one_error_line(runner.invoke(app, [*fleet, "Lab_1"], env=keyed), "--fleet 'Lab_1': name it in")
     assert not (orchard_home / "service.json").exists() and not (orchard_home / "service.log").exists()
 
 

@@ -101,7 +101,7 @@ def up(
         parse_pool(each)  # a mistake is one line here, not a service that fails to start
     options = {"namespace": namespace, "agent_image": agent_image, "kubeconfig": kubeconfig}
     configured_backend(backend, runtime=runtime, **options)  # likewise an unknown backend or option
-    check_fleet(fleet, backend)
+    check_fleet(fleet, backend, key_given=api_key_file is not None or bool(settings().api_key))
 
     running = running_service()
     if running:

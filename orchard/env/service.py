@@ -1169,7 +1169,7 @@ def serve(
     key = api_key or load_or_create_key()
     wanted = [parse_pool(p) for p in pools or []]
     where = configured_backend(backend, runtime=runtime, **(options or {}))
-    check_fleet(fleet, backend)
+    check_fleet(fleet, backend, key_given=bool(api_key or settings().api_key))
     manager = SandboxManager(where, fleet=Fleet(fleet, key) if fleet else None).start()
     for image, size in wanted:
         manager.pools.warm(spec_of(CreateSandbox(image=image)), size)
@@ -1185,10 +1185,13 @@ def serve(
         remove_state()
 
 
-def check_fleet(fleet: str | None, backend: str) -> None:
-    """A fleet needs a backend every replica reaches sandboxes through (not one host's sockets)."""
+def check_fleet(fleet: str | None, backend: str, key_given: bool) -> None:
+    """A fleet needs a backend every replica reaches sandboxes through (not one host's sockets), and
+    the key its replicas share (a key made up by one replica would serve none of the others)."""
     if fleet is None:
         return
+    if not key_given:
+        raise ConfigError("--fleet needs the key its replicas share: set ORCHARD_API_KEY or give --api-key-file")
     if backend != "kubernetes":
         raise ConfigError(f"--fleet needs --backend kubernetes (the {backend!r} backend's sandboxes live on one host)")
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fleet):

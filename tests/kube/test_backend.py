@@ -122,8 +122,16 @@ def test_a_pod_no_node_takes_fails_as_unschedulable(
     assert "cannot be scheduled" in str(failed.value)
 
 
-def test_an_api_server_restart_loses_no_sandbox_and_the_watch_resumes(kube, manager, base_image) -> None:
+def test_an_api_server_restart_loses_no_sandbox_and_the_watch_resumes(
+    kube, manager, api, namespace, base_image
+) -> None:
+    """After a restart the API server's watch cache starts at etcd's revision then: the watch's last
+    version is too old (410 Gone), so the cache lists anew, and resumes."""
     first = manager.create(make_spec(base_image), sandbox_id="e2e-before", timeout=120)
+    cache = manager.backend._cache  # type: ignore[attr-defined]
+    expired = cache.expired
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "not-a-pod"}}
+    api.call("POST", f"/api/v1/namespaces/{namespace}/configmaps", body=other)  # etcd moves past the Pods' last version
     kube.restart()
     assert first.endpoint is not None
     with agent_http(first.endpoint, timeout=30) as http:  # straight to the Pod: no API server on the way
@@ -131,6 +139,7 @@ def test_an_api_server_restart_loses_no_sandbox_and_the_watch_resumes(kube, mana
     second = manager.create(make_spec(base_image), sandbox_id="e2e-after", timeout=120)  # seen by the resumed watch
     assert second.ready
     assert {s.sandbox_id for s in manager.backend.list()} == {"e2e-before", "e2e-after"}
+    assert cache.expired > expired  # the 410 was met, and the relist found both
 
 
 def test_the_sdk_works_unchanged_on_kubernetes(kube, namespace, kubelet, agent_image, base_image, tmp_path) -> None:

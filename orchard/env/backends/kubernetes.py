@@ -496,6 +496,8 @@ class _PodCache:
         self._waiters: dict[str, set[threading.Event]] = {}
         self._stopped = threading.Event()
         self._response: Any = None
+        self.expired = 0
+        """How many times the watch's resourceVersion expired (410) and the cache was listed anew."""
         self._thread = threading.Thread(target=self._run, daemon=True, name="orchard-kube-watch")
 
     def start(self) -> None:
@@ -575,6 +577,7 @@ class _PodCache:
                 self._watch()
             except _Expired:
                 log.info("the Pod watch's resourceVersion expired (410); listing again")
+                self.expired += 1
                 relist = True
                 continue
             except Exception as exc:  # any way of losing the server: resume from the last version
