@@ -198,6 +198,8 @@ def down(
     port: Annotated[int | None, PORT_OPTION] = None,
 ) -> None:
     """Stop the service and remove every sandbox it owns."""
+    from pydantic import ValidationError
+
     from orchard.process import process_alive
 
     state = _named_service(url, port)
@@ -211,7 +213,11 @@ def down(
         time.sleep(0.1)
     if process_alive(pid):
         os.kill(pid, signal.SIGKILL)
-    leftovers = _remove_orphans(state.get("backend") or {"name": "docker"})
+    try:
+        leftovers = _remove_orphans(state.get("backend") or {"name": "docker"})
+    except (OrchardError, ValidationError) as exc:  # the service is stopped; only the clean-up failed
+        reason = str(exc).splitlines()[0]
+        raise OrchardError(f"stopped the service (pid {pid}), but could not reap its leftovers: {reason}") from None
     typer.echo(f"stopped the service (pid {pid}); {leftovers} leftover sandbox(es) removed")
 
 

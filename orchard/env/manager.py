@@ -26,6 +26,7 @@ import builtins
 import hashlib
 import hmac
 import logging
+import math
 import os
 import queue
 import secrets
@@ -39,11 +40,11 @@ from sqlmodel import col, select
 
 from orchard import store as records
 from orchard.env.backends import AgentEndpoint, Backend, BackendConfig, SandboxSpec, backend_config
-from orchard.env.backends.base import check_sandbox_id, is_sandbox_id
+from orchard.env.backends.base import BackendSandbox, check_sandbox_id, is_sandbox_id
 from orchard.env.calls import Call
 from orchard.env.pool import WarmPools
 from orchard.env.transport import AgentChannel, AsyncAgentChannel
-from orchard.errors import AgentError, Conflict, NotFound, SandboxError, SandboxNotReady
+from orchard.errors import AgentError, Conflict, NotFound, OrchardError, SandboxError, SandboxNotReady
 from orchard.process import owner_alive, process_owner
 from orchard.store import Store
 
@@ -76,6 +77,8 @@ class Fleet:
 
     name: str
     secret: str = field(repr=False)
+    beat_seconds: float = 5.0
+    """How often a replica beats in the store (from a thread of its own)."""
 
     @property
     def owner(self) -> str:
@@ -118,6 +121,11 @@ class SandboxManager:
         self.reap_interval = reap_interval
         """Seconds between reaping rounds after the start (None: only at the start)."""
         self._sandboxes: dict[str, SandboxInfo] = {}
+        self._deleting: set[str] = set()
+        self._beats_seen: dict[str, tuple[float, float]] = {}
+        """Each fleet replica's last beat as read, and when (monotonic) this replica saw it change."""
+        self._last_look = -math.inf
+        """Ids being deleted right now (a fleet's `get` must not adopt them back meanwhile)."""
         self._lock = threading.Lock()
         self._start_lock = threading.Lock()
         self._started = False
@@ -148,6 +156,9 @@ class SandboxManager:
             self.reaped_at_start = self.reap()
             self.recovered_at_start = self.recover()
             self._recorder.start()
+            if self.fleet is not None:
+                self.beat()
+                threading.Thread(target=self._beat_forever, daemon=True, name="orchard-fleet-beat").start()
             if self.reap_interval:
                 threading.Thread(
                     target=self._reap_forever, args=(self.reap_interval,), daemon=True, name="orchard-reaper"
@@ -279,17 +290,22 @@ class SandboxManager:
         check_sandbox_id(sandbox_id)
         with self._lock:  # first: from here on no check marks it failed, nothing hands it out
             known = self._sandboxes.pop(sandbox_id, None)
+            self._deleting.add(sandbox_id)  # nor adopts it again
         try:
-            self.backend.delete(sandbox_id, self.owner)
-        except BaseException:
+            try:
+                self.backend.delete(sandbox_id, self.owner)
+            except BaseException:
+                if known is not None:
+                    with self._lock:
+                        self._sandboxes.setdefault(sandbox_id, known)
+                raise
             if known is not None:
-                with self._lock:
-                    self._sandboxes.setdefault(sandbox_id, known)
-            raise
-        if known is not None:
-            self._save(replace(known, status="deleted"), deleted_at=time.time())
-        else:
-            self._close_record(sandbox_id)
+                self._save(replace(known, status="deleted"), deleted_at=time.time())
+            else:
+                self._close_record(sandbox_id)
+        finally:
+            with self._lock:
+                self._deleting.discard(sandbox_id)
 
     def get(self, sandbox_id: str) -> SandboxInfo:
         """The sandbox `sandbox_id` of this manager (of a fleet: adopted when another replica made it)."""
@@ -309,11 +325,16 @@ class SandboxManager:
         gone is recorded so, and not adopted.
         """
         assert self.fleet is not None
+        with self._lock:
+            if sandbox_id in self._deleting:
+                return None
         recorded = self.recorded(sandbox_id) if is_sandbox_id(sandbox_id) else None
         if recorded is None or recorded.status not in LIVE or recorded.spec.owner != self.owner:
             return None
         state = self.backend.state(sandbox_id)
-        if not (state.running or state.starting):
+        if not (state.running or state.starting):  # failed or gone: removed, and recorded so
+            if state.exists:
+                self.backend.delete(sandbox_id, self.owner)
             status: Status = "failed" if state.exists else "deleted"
             message = f"sandbox {sandbox_id} stopped: {state.message}" if state.exists else "its Pod is gone"
             self._save(replace(recorded, status=status, status_message=message), deleted_at=time.time())
@@ -362,16 +383,18 @@ class SandboxManager:
         """Sandboxes of this manager, oldest first; of a fleet, every replica's (from the store)."""
         with self._lock:
             held = dict(self._sandboxes)
-        if self.fleet is not None:
+        if self.fleet is not None:  # what the store has live (a copy held here may be stale)
             with records.session(self.store) as db:
                 query = select(records.SandboxRecord.id).where(
                     records.SandboxRecord.owner == self.owner, col(records.SandboxRecord.status).in_(LIVE)
                 )
-                others = [sandbox_id for sandbox_id in db.exec(query).all() if sandbox_id not in held]
-            for sandbox_id in others:
-                info = self.recorded(sandbox_id)
+                live = builtins.list(db.exec(query).all())
+            fleet = {i: held[i] for i in live if i in held}
+            for sandbox_id in live:
+                info = fleet.get(sandbox_id) or self.recorded(sandbox_id)
                 if info is not None:
-                    held.setdefault(sandbox_id, info)
+                    fleet[sandbox_id] = info
+            held = fleet
         return sorted(held.values(), key=lambda s: s.created_at)
 
     def close(self) -> None:
@@ -395,10 +418,7 @@ class SandboxManager:
                     failures.append(exc)
             with self._lock:
                 self._sandboxes.clear()
-            with records.session(self.store) as db:
-                replica = db.get(records.ReplicaRecord, self.process)
-                if replica is not None:
-                    db.delete(replica)
+            self._leave_fleet()
         for info in self.list() if self.fleet is None else []:
             try:
                 self.delete(info.sandbox_id)
@@ -423,10 +443,9 @@ class SandboxManager:
         """Delete expired sandboxes and orphans whose owner process is gone; return their ids."""
         now = now or time.time()
         reaped = []
-        orphaned = getattr(self.backend, "orphaned", None)  # a backend that knows owners on other hosts
         for found in self.backend.list():
             expired = found.expires_at and found.expires_at < now
-            if expired or not owner_alive(found.owner) or (orphaned is not None and orphaned(found)):
+            if expired or not owner_alive(found.owner) or self._orphaned(found):
                 self.backend.delete(check_sandbox_id(found.sandbox_id), found.owner)
                 with self._lock:
                     self._sandboxes.pop(found.sandbox_id, None)
@@ -435,8 +454,22 @@ class SandboxManager:
                 reaped.append(found.sandbox_id)
         sweep = getattr(self.backend, "sweep", None)
         if sweep is not None:
-            sweep()
+            try:
+                sweep()
+            except OrchardError as exc:  # e.g. a Role from before Leases: reaping by pid and TTL goes on
+                log.warning("could not sweep lapsed owners' Leases: %s", exc)
         return reaped
+
+    def _orphaned(self, found: BackendSandbox) -> bool:
+        """Whether the backend knows the sandbox's owner (on any host) is gone; False when it cannot tell."""
+        orphaned = getattr(self.backend, "orphaned", None)
+        if orphaned is None:
+            return False
+        try:
+            return bool(orphaned(found))
+        except OrchardError as exc:
+            log.warning("could not tell whether the owner of sandbox %s is alive: %s", found.sandbox_id, exc)
+            return False
 
     def recover(self) -> int:
         """Close what dead owners left open in the store: their live sandboxes and running jobs.
@@ -496,28 +529,68 @@ class SandboxManager:
             replica.beat_at = now
             db.add(replica)
 
-    def fail_jobs_of_silent_replicas(self, since: float) -> int:
-        """Fail the running commands of replicas that did not beat after `since` (killed, or their
-        host lost: their outcome is unknown); forget those replicas. Returns how many were failed."""
+    def _leave_fleet(self) -> None:
+        """This replica stops: its commands still open end `failed` (nobody will finish them), and
+        it leaves the replicas' table."""
+        ExecRecord = records.ExecRecord
+        with records.session(self.store) as db:
+            mine = select(ExecRecord).where(
+                ExecRecord.runner == self.process, col(ExecRecord.status).in_(("queued", "running"))
+            )
+            for job in db.exec(mine).all():
+                job.status, job.completed_at = "failed", time.time()
+                job.error = "the replica running this command stopped (shut down); its outcome is unknown"
+                db.add(job)
+            replica = db.get(records.ReplicaRecord, self.process)
+            if replica is not None:
+                db.delete(replica)
+
+    def _beat_forever(self) -> None:
+        assert self.fleet is not None
+        while not self._closed.wait(self.fleet.beat_seconds):
+            try:
+                self.beat()
+            except Exception:  # the store may be briefly away: the next beat tries again
+                log.warning("could not beat in the store", exc_info=True)
+
+    def fail_jobs_of_silent_replicas(self, silence: float) -> int:
+        """Fail the running commands of replicas whose beat did not change for `silence` seconds
+        (killed, or their host lost: their outcome is unknown); forget those replicas. Returns how
+        many commands were failed.
+
+        Silence is timed on this host's monotonic clock from when this replica last saw each
+        replica's beat change, never by comparing another host's clock with this one's; and when
+        this replica itself could not look for a while (the store was away), it starts over.
+        """
         assert self.fleet is not None
         ReplicaRecord, ExecRecord = records.ReplicaRecord, records.ExecRecord
-        now = time.time()
+        now, seen = time.time(), time.monotonic()
         with records.session(self.store) as db:
             replicas = db.exec(select(ReplicaRecord).where(ReplicaRecord.fleet == self.fleet.name)).all()
-            alive = {replica.id for replica in replicas if replica.beat_at >= since} | {self.process}
+            if seen - self._last_look > silence / 2:  # this replica was away itself: judge nobody yet
+                self._beats_seen.clear()
+            self._last_look = seen
             for replica in replicas:
-                if replica.id not in alive:
+                last = self._beats_seen.get(replica.id)
+                if last is None or last[0] != replica.beat_at:
+                    self._beats_seen[replica.id] = (replica.beat_at, seen)
+            silent = [r.id for r in replicas if r.id != self.process and seen - self._beats_seen[r.id][1] > silence]
+            for gone in set(self._beats_seen) - {r.id for r in replicas}:
+                del self._beats_seen[gone]
+            if not silent:
+                return 0
+            for replica in replicas:
+                if replica.id in silent:
                     db.delete(replica)
             open_jobs = select(ExecRecord).where(
-                col(ExecRecord.status).in_(("queued", "running")), col(ExecRecord.runner).is_not(None)
+                col(ExecRecord.status).in_(("queued", "running")), col(ExecRecord.runner).in_(silent)
             )
             failed = 0
             for job in db.exec(open_jobs).all():
-                if job.runner not in alive and job.runner in {replica.id for replica in replicas}:
-                    job.status, job.completed_at = "failed", now
-                    job.error = "the replica running this command stopped (killed or lost); its outcome is unknown"
-                    db.add(job)
-                    failed += 1
+                job.status, job.completed_at = "failed", now
+                job.error = "the replica running this command stopped (killed or lost); its outcome is unknown"
+                db.add(job)
+                failed += 1
         return failed
 
     def _reap_forever(self, interval: float) -> None:
@@ -568,7 +641,10 @@ class SandboxManager:
                 raise NotFound(f"sandbox {sandbox_id} was deleted")
             info = replace(current, **changes)
             self._sandboxes[sandbox_id] = info
-        self._save(info)
+        if not self._save(info):  # ended meanwhile (another replica deleted it): forget this copy
+            with self._lock:
+                self._sandboxes.pop(sandbox_id, None)
+            raise NotFound(f"sandbox {sandbox_id} was deleted")
         return info
 
     def _fail(self, sandbox_id: str, message: str) -> SandboxInfo:
@@ -583,7 +659,8 @@ class SandboxManager:
         if info is None:
             raise NotFound(f"sandbox {sandbox_id} was deleted")
         info = replace(info, status="failed", status_message=message)
-        self._save(info)
+        if not self._save(info):
+            raise NotFound(f"sandbox {sandbox_id} was deleted")
         return info
 
     @staticmethod
@@ -592,9 +669,15 @@ class SandboxManager:
             raise SandboxError(info.status_message or f"sandbox {info.sandbox_id} failed")
         return info
 
-    def _save(self, info: SandboxInfo, deleted_at: float | None = None) -> None:
+    def _save(self, info: SandboxInfo, deleted_at: float | None = None) -> bool:
+        """Record the sandbox; False (nothing written) when the store has this very sandbox (same
+        creation time) as ended already: a stale copy (another replica deleted it, or a delete
+        raced a look) never brings it back or relabels it, except a failed one that is deleted."""
         with records.session(self.store) as db:
             earlier = db.get(records.SandboxRecord, info.sandbox_id)
+            same = earlier if earlier is not None and abs(earlier.created_at - info.created_at) < 1e-3 else None
+            if same and same.status not in LIVE and not (same.status == "failed" and info.status == "deleted"):
+                return False
             db.merge(
                 records.SandboxRecord(
                     id=info.sandbox_id,
@@ -611,9 +694,10 @@ class SandboxManager:
                     ready_at=info.ready_at,
                     deleted_at=deleted_at,
                     ttl=info.spec.ttl,
-                    heartbeat_at=earlier.heartbeat_at if earlier is not None else None,
+                    heartbeat_at=same.heartbeat_at if same else None,  # never an earlier sandbox's
                 )
             )
+        return True
 
     def _close_record(self, sandbox_id: str) -> None:
         with records.session(self.store) as db:

@@ -58,7 +58,8 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, StrictStr, ValidationError, field_validator, model_validator
-from sqlmodel import select
+from sqlalchemy import delete as sqlalchemy_delete
+from sqlmodel import col
 from starlette.concurrency import run_in_threadpool
 
 from orchard import __version__
@@ -391,7 +392,7 @@ class Service:
         """Serve a live sandbox this service did not start (in a fleet: another replica did):
         connect to its agent, or wait for it to become ready as its creator would."""
         sandbox_id = info.sandbox_id
-        if sandbox_id in self.agents or sandbox_id in self.ready or info.endpoint is None:
+        if self.manager.fleet is None or sandbox_id in self.agents or sandbox_id in self.ready or not info.endpoint:
             return
         if info.ready:
             self.agents[sandbox_id] = async_agent_http(info.endpoint)
@@ -557,8 +558,9 @@ class Service:
         if self.manager.fleet is not None and not body.wait:  # another replica may be asked for it
             try:
                 await run_in_threadpool(self._store_answer, job, outcome, started)
-            except Exception:  # the store is down: this replica still answers for it
+            except Exception:  # the store is away: this replica answers for it; the recorder retries the record
                 log.exception("could not store the answer of job %s", job.job_id)
+                self.manager.record_exec(job.sandbox_id, job.command, outcome, started, job_id=job.job_id)
         else:
             self.manager.record_exec(job.sandbox_id, job.command, outcome, started, job_id=job.job_id)
         self._keep_output(job)
@@ -568,7 +570,7 @@ class Service:
         """The job's record and its whole answer, in one transaction (see `_job_from_store`)."""
         with records.session(self.manager.store) as db:
             db.merge(self.manager.exec_record(job.job_id, job.sandbox_id, job.command, outcome, started))
-            answer = json.dumps(job.public())
+            answer = json.dumps(job.public(), ensure_ascii=False)
             completed = job.completed_at or time.time()
             db.merge(records.JobAnswerRecord(job_id=job.job_id, answer=answer, completed_at=completed))
 
@@ -627,7 +629,8 @@ class Service:
         if record.status not in ("queued", "running"):
             with records.session(self.manager.store) as db:
                 stored = db.get(records.JobAnswerRecord, job_id)
-            if stored is not None:
+                box = db.get(records.SandboxRecord, record.sandbox_id)
+            if stored is not None and box is not None and box.owner == self.manager.owner:  # this fleet's only
                 answer = json.loads(stored.answer)
                 job = Job(job_id=job_id, sandbox_id=record.sandbox_id, command=record.command, answer=answer)
                 job.done.set()
@@ -670,13 +673,11 @@ class Service:
                 log.exception("could not reap silent sandbox %s", sandbox_id)
 
     def _fleet_housekeeping(self, now: float) -> None:
-        """Beat for this replica; fail the commands of replicas gone silent; forget old answers."""
-        self.manager.beat()
-        self.manager.fail_jobs_of_silent_replicas(now - self.replica_silence)
+        """Fail the commands of replicas gone silent; forget old answers (the manager beats for this one)."""
+        self.manager.fail_jobs_of_silent_replicas(self.replica_silence)
+        Answer = records.JobAnswerRecord
         with records.session(self.manager.store) as db:
-            old = select(records.JobAnswerRecord).where(records.JobAnswerRecord.completed_at < now - JOB_KEEP_SECONDS)
-            for answer in db.exec(old).all():
-                db.delete(answer)
+            db.execute(sqlalchemy_delete(Answer).where(col(Answer.completed_at) < now - JOB_KEEP_SECONDS))
 
     async def close(self) -> None:
         """Close agent connections, delete every sandbox, run the close hooks."""
@@ -726,8 +727,6 @@ def create_app(service: Service) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
         await run_in_threadpool(service.manager.start)  # a no-op for a manager started already
-        if service.manager.fleet is not None:
-            await run_in_threadpool(service.manager.beat)
         service.spawn(service.housekeep())
         try:
             yield
@@ -1170,7 +1169,9 @@ def serve(
     wanted = [parse_pool(p) for p in pools or []]
     where = configured_backend(backend, runtime=runtime, **(options or {}))
     check_fleet(fleet, backend, key_given=bool(api_key or settings().api_key))
-    manager = SandboxManager(where, fleet=Fleet(fleet, key) if fleet else None).start()
+    silence = (tuning or {}).get("replica_silence", REPLICA_SILENCE_SECONDS)
+    shared = Fleet(fleet, key, beat_seconds=min(5.0, silence / 6)) if fleet else None
+    manager = SandboxManager(where, fleet=shared).start()
     for image, size in wanted:
         manager.pools.warm(spec_of(CreateSandbox(image=image)), size)
     service = Service(manager, key, **(tuning or {}))

@@ -101,7 +101,11 @@ CHUNK = 1024 * 1024
 CONNECT_SECONDS = 10.0
 """The most a TCP connect to an agent may take (a Pod IP on a lost node drops packets: without a
 bound of its own, a connect would wait out the whole command's timeout)."""
-KEEPALIVE = ((socket.TCP_KEEPIDLE, 15), (socket.TCP_KEEPINTVL, 5), (socket.TCP_KEEPCNT, 3))
+KEEPALIVE = tuple(
+    (getattr(socket, name), value)
+    for name, value in (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+    if hasattr(socket, name)  # Linux has all three; macOS names the first TCP_KEEPALIVE
+)
 """TCP keep-alive on agent connections: a peer gone silent mid-command is noticed in about 30 s."""
 
 

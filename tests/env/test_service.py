@@ -239,6 +239,23 @@ def test_silent_heartbeats_get_a_sandbox_reaped(http, sandbox_id, docker_client)
     assert not docker_client.api.containers(all=True, filters={"name": f"orchard-{sandbox_id}"})
 
 
+def test_a_sandbox_made_again_under_an_id_does_not_inherit_the_earlier_ones_heartbeats(http, base_image):
+    """An id deleted after heartbeats and created again starts with none: the new sandbox is not
+    reaped for the old one's silence."""
+    sandbox_id = f"again-{time.time_ns() % 10**9}"
+    assert http.post("/sandboxes", json={"image": base_image, "sandbox_id": sandbox_id}).status_code == 200
+    assert http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60}).json()["ready"]
+    assert http.post(f"/sandboxes/{sandbox_id}/heartbeat").status_code == 200
+    assert http.delete(f"/sandboxes/{sandbox_id}").status_code == 200
+    assert http.post("/sandboxes", json={"image": base_image, "sandbox_id": sandbox_id}).status_code == 200
+    try:
+        assert http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60}).json()["ready"]
+        time.sleep(3.0)  # twice the fixture's heartbeat silence, six housekeeping rounds
+        assert http.get(f"/sandboxes/{sandbox_id}").json()["status"] == "ready"
+    finally:
+        http.delete(f"/sandboxes/{sandbox_id}")
+
+
 async def test_async_sdk_through_the_service(service, base_image):
     from orchard.env import AsyncClient
 

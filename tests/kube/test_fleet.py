@@ -153,11 +153,14 @@ def test_any_replica_serves_any_sandbox_and_a_killed_replica_loses_nothing(
         # every replica stopped, new ones started: the fleet's sandbox is still there, as it was
         c, c_process = replicas.start("c")
         assert _exec(c, box, "cat /tmp/note")["stdout"] == "from-b\n"
-        _stop(b_process)
+        stopped = b.post(f"/sandboxes/{box}/exec", json={"command": "sleep 60", "concurrent": True}).json()["job_id"]
+        _stop(b_process)  # mid-command: nobody will finish it
         _stop(c_process)
         assert api.call("GET", pod_path(namespace, f"orchard-{box}"))["status"]["phase"] == "Running"
         d, _ = replicas.start("d")
         assert _exec(d, box, "cat /tmp/note")["stdout"] == "from-b\n"
+        ended = d.get(f"/jobs/{stopped}").json()
+        assert ended["status"] == "failed" and "stopped (shut down)" in ended["error"], ended
         assert d.delete(f"/sandboxes/{box}").status_code == 200
         assert d.get(f"/sandboxes/{box}").status_code == 404
 

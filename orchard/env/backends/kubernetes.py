@@ -738,7 +738,7 @@ class _OwnerLeases:
             name = lease["metadata"]["name"]
             if name in held or name in named or _lease_age(lease) <= 2 * _lease_duration(lease):
                 continue
-            self._delete(name, lease["metadata"].get("uid"))
+            self._delete(name, lease["metadata"].get("uid"), lease["metadata"].get("resourceVersion"))
 
     def close(self) -> None:
         """Stop renewing and delete the Leases held (best effort: an unreachable server lets them lapse)."""
@@ -778,7 +778,9 @@ class _OwnerLeases:
                 what=f"renew Lease {name}",
             )
         except ApiRefused as exc:
-            if exc.status != 404:
+            if exc.status in (401, 403):
+                raise _auth_error(exc, f"write Leases in namespace {self._backend.namespace}") from None
+            if exc.status != 404 or self._stop.is_set():  # gone because this backend closed: leave it so
                 raise
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
@@ -796,10 +798,11 @@ class _OwnerLeases:
                 return None
             raise
 
-    def _delete(self, name: str, uid: str | None = None) -> None:
+    def _delete(self, name: str, uid: str | None = None, version: str | None = None) -> None:
+        """Delete a Lease; with `uid` and `version`, only that Lease as it was read (not one renewed since)."""
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if uid:
-            options["preconditions"] = {"uid": uid}
+            options["preconditions"] = {"uid": uid, **({"resourceVersion": version} if version else {})}
         try:
             self._backend._call("DELETE", f"{self._path}/{name}", body=options, what=f"delete Lease {name}")
         except ApiRefused as exc:
