@@ -145,3 +145,33 @@ def test_orchard_down_reaps_a_kubernetes_services_leftovers_in_its_cluster(kube,
         stopped = runner.invoke(app, ["down"])
     assert stopped.exit_code == 0 and "1 leftover sandbox(es) removed" in stopped.stdout, stopped.output
     _eventually(lambda: not _exists(api, pod_path(namespace, "orchard-leftover-1")), 30, "the leftover stayed")
+
+
+def test_an_owner_whose_clock_is_an_hour_behind_is_not_taken_for_dead(
+    kube, namespace, api, tmp_path, monkeypatch
+) -> None:
+    """Lease silence is timed on the reader's clock: an owner renewing with times an hour old (its
+    clock behind) keeps its Pods; once it closes (its Lease deleted) they are reaped."""
+    from dataclasses import replace
+
+    from orchard.env.backends import kubernetes
+    from orchard.env.backends.base import make_spec
+
+    true_time = kubernetes._micro_time
+    monkeypatch.setattr(kubernetes, "_micro_time", lambda seconds: true_time(seconds - 3600))
+    config = KubernetesConfig(kubeconfig=kube.kubeconfig, namespace=namespace, owner_lease=LEASE)
+    skewed = config.build()
+    try:
+        skewed.create("skewed-1", replace(make_spec("orchard/base:bookworm"), owner=OTHER_HOST_OWNER), "token")
+        store = Store.open(f"sqlite:///{tmp_path / 'orchard.db'}")
+        with SandboxManager(config, store=store, reap_interval=None) as other:
+            deadline = time.monotonic() + LEASE * 2.5
+            while time.monotonic() < deadline:  # its renewTime is an hour old, but it keeps changing
+                assert other.reap() == []
+                time.sleep(LEASE / 4)
+            skewed.close()  # gives its Lease up: its Pod is an orphan now
+            reaped: list[str] = []
+            _eventually(lambda: bool(reaped.extend(other.reap()) or reaped), LEASE * 2, "the orphan was not reaped")
+            assert reaped == ["skewed-1"]
+    finally:
+        skewed.close()

@@ -60,8 +60,9 @@ Pod and renews every quarter of `owner_lease` seconds, and each of its Pods name
 annotation `orchard.sandbox/lease`. A Pod whose Lease is gone or was not renewed for `owner_lease`
 seconds is an orphan (`orphaned`) that any manager reaps, on any host: its owner was killed, or
 lost its host or its network. A backend that closes deletes its Leases. A fleet (owner `fleet:`)
-holds none: its sandboxes outlive replicas, and their TTL and heartbeats reap them. Lease times
-are the owner's clock against the reader's: clocks must agree within a few seconds.
+holds none: its sandboxes outlive replicas, and their TTL and heartbeats reap them. A reader
+times a Lease's silence on its own monotonic clock (how long its renewTime has not changed), so
+hosts' clocks need not agree; a reader that just started waits a Lease's duration before it judges.
 """
 
 from __future__ import annotations
@@ -691,8 +692,9 @@ class _OwnerLeases:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._seen: dict[str, tuple[float, dict | None]] = {}
-        """Other owners' Leases as last read (monotonic time, the Lease or None)."""
+        self._seen: dict[str, tuple[float, dict | None, str | None, float]] = {}
+        """Other owners' Leases as last read: when (monotonic), the Lease (None: gone), its
+        renewTime, and when (monotonic) this backend first saw that renewTime."""
 
     @property
     def _path(self) -> str:
@@ -715,25 +717,32 @@ class _OwnerLeases:
         return name
 
     def lapsed(self, name: str) -> bool:
-        """Whether the Lease `name` is gone, or was not renewed within its duration (and is not ours)."""
+        """Whether the Lease `name` (not ours) is gone, or was not renewed for its duration.
+
+        Renewal is judged by this host's monotonic clock: how long the Lease's `renewTime` has
+        stayed as this backend last saw it change, never the owner's clock against this one's. So a
+        Lease seen for the first time is not lapsed yet, whatever its times say.
+        """
         with self._lock:
             if name in self._held.values():
                 return False
             seen = self._seen.get(name)
-        if seen is None or time.monotonic() - seen[0] > self._seconds / 4:  # a reaping round reads each once
-            seen = (time.monotonic(), self._read(name))
+        now = time.monotonic()
+        if seen is None or now - seen[0] > self._seconds / 4:  # a reaping round reads each Lease once
+            lease = self._read(name)
+            renewed = (lease or {}).get("spec", {}).get("renewTime")
+            changed = seen[3] if seen is not None and seen[2] == renewed and seen[1] is not None else now
+            seen = (now, lease, renewed, changed)
             with self._lock:
                 self._seen[name] = seen
-        lease = seen[1]
-        return lease is None or _lease_age(lease) > _lease_duration(lease)
+        _, lease, _, changed = seen
+        return lease is None or now - changed > _lease_duration(lease)
 
     def sweep(self, named: set[str | None]) -> None:
         """Delete Orchard's Leases that lapsed more than twice their duration ago and no Pod names."""
         with self._lock:
             held = set(self._held.values())
         found = self._backend._call("GET", self._path, query=[("labelSelector", SELECTOR)], what="list Leases")
-        with self._lock:
-            self._seen.clear()
         for lease in found.get("items") or []:
             name = lease["metadata"]["name"]
             if name in held or name in named or _lease_age(lease) <= 2 * _lease_duration(lease):
