@@ -193,10 +193,11 @@ def test_a_killed_container_fails_the_sandbox_in_the_manager(
 def test_connections_to_a_pod_ip_bound_the_connect_and_probe_a_silent_peer() -> None:
     """A Pod IP on a lost node drops packets instead of refusing: a connect gets its own bound
     (not the command's timeout), and keep-alive probes notice a peer gone silent mid-command."""
+    import asyncio
     import socket
 
     from orchard.env.backends.base import AgentEndpoint
-    from orchard.env.transport import CONNECT_SECONDS, KEEPALIVE, _Connection
+    from orchard.env.transport import CONNECT_SECONDS, KEEPALIVE, _Connection, open_agent_connection
 
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
@@ -209,3 +210,13 @@ def test_connections_to_a_pod_ip_bound_the_connect_and_probe_a_silent_peer() -> 
             assert [(option, sock.getsockopt(socket.IPPROTO_TCP, option)) for option, _ in KEEPALIVE] == list(KEEPALIVE)
         finally:
             connection.sock.close()
+
+        async def service_side() -> list[tuple[int, int]]:  # the service's path: asyncio streams
+            _reader, writer = await open_agent_connection(endpoint, "127.0.0.1", port)
+            try:
+                sock = writer.get_extra_info("socket")
+                return [(option, sock.getsockopt(socket.IPPROTO_TCP, option)) for option, _ in KEEPALIVE]
+            finally:
+                writer.close()
+
+        assert asyncio.run(service_side()) == list(KEEPALIVE)
