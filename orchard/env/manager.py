@@ -365,36 +365,20 @@ class SandboxManager:
         """The sandbox as the store last recorded it, live or not (None if never seen)."""
         with records.session(self.store) as db:
             record = db.get(records.SandboxRecord, check_sandbox_id(sandbox_id))
-        if record is None:
-            return None
-        spec = SandboxSpec(
-            image=record.image,
-            network="open" if record.network == "open" else "dropped" if record.network == "dropped" else "blocked",
-            cpu=record.cpu,
-            memory_bytes=record.memory_bytes,
-            ttl=record.ttl,
-            owner=record.owner,
-            run_id=record.run_id,
-        )
-        status: Status = record.status  # type: ignore[assignment]
-        return SandboxInfo(record.id, spec, None, status, record.created_at, record.status_message, record.ready_at)
+        return None if record is None else _info_of(record)
 
     def list(self) -> list[SandboxInfo]:
         """Sandboxes of this manager, oldest first; of a fleet, every replica's (from the store)."""
         with self._lock:
             held = dict(self._sandboxes)
         if self.fleet is not None:  # what the store has live (a copy held here may be stale)
+            SandboxRecord = records.SandboxRecord
             with records.session(self.store) as db:
-                query = select(records.SandboxRecord.id).where(
-                    records.SandboxRecord.owner == self.owner, col(records.SandboxRecord.status).in_(LIVE)
+                query = select(SandboxRecord).where(
+                    SandboxRecord.owner == self.owner, col(SandboxRecord.status).in_(LIVE)
                 )
-                live = builtins.list(db.exec(query).all())
-            fleet = {i: held[i] for i in live if i in held}
-            for sandbox_id in live:
-                info = fleet.get(sandbox_id) or self.recorded(sandbox_id)
-                if info is not None:
-                    fleet[sandbox_id] = info
-            held = fleet
+                live = db.exec(query).all()
+            held = {record.id: held.get(record.id) or _info_of(record) for record in live}
         return sorted(held.values(), key=lambda s: s.created_at)
 
     def close(self) -> None:
@@ -713,6 +697,21 @@ class SandboxManager:
                 record.status, record.status_message = "deleted", f"reaped: {reason}"
                 record.deleted_at = time.time()
                 db.add(record)
+
+
+def _info_of(record: records.SandboxRecord) -> SandboxInfo:
+    """A sandbox as its store record has it (no endpoint: the record holds none)."""
+    spec = SandboxSpec(
+        image=record.image,
+        network="open" if record.network == "open" else "dropped" if record.network == "dropped" else "blocked",
+        cpu=record.cpu,
+        memory_bytes=record.memory_bytes,
+        ttl=record.ttl,
+        owner=record.owner,
+        run_id=record.run_id,
+    )
+    status: Status = record.status  # type: ignore[assignment]
+    return SandboxInfo(record.id, spec, None, status, record.created_at, record.status_message, record.ready_at)
 
 
 def agent_http(endpoint: AgentEndpoint, *, timeout: float | None = None) -> AgentChannel:

@@ -221,6 +221,16 @@ class _Api:
             raise ApiError(response.status, data)
         return response
 
+    def exists(self, path: str) -> bool:
+        """Whether the object at `path` exists (GET; 404: no)."""
+        try:
+            self.call("GET", path, answer=False)
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     def call(self, method: str, path: str, *, retry_for: float = 10.0, answer: bool = True, **kwargs: Any) -> Any:
         """The JSON answer of one call (None without `answer`: not parsed), retried as the class says."""
         deadline = time.monotonic() + retry_for

@@ -43,12 +43,8 @@ def manager(kube, namespace, kubelet, agent_image, tmp_path: Path) -> Iterator[S
 def _gone(api: _Api, namespace: str, name: str, seconds: float = 30) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        try:
-            api.call("GET", pod_path(namespace, name))
-        except Exception as exc:  # the kubelet module's ApiError: 404 once the Pod is gone
-            if getattr(exc, "status", None) == 404:
-                return True
-            raise
+        if not api.exists(pod_path(namespace, name)):
+            return True
         time.sleep(0.1)
     return False
 

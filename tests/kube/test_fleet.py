@@ -63,8 +63,8 @@ class Replicas:
         argv += ["--fleet", self.fleet, "--namespace", self.namespace, "--kubeconfig", self.kubeconfig]
         argv += ["--housekeep-interval", str(HOUSEKEEP), "--heartbeat-silence", str(HEARTBEAT_SILENCE)]
         argv += ["--replica-silence", str(REPLICA_SILENCE)]
-        log = open(self.tmp_path / f"{name}.log", "wb")  # noqa: SIM115 (the process holds it)
-        process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        with open(self.tmp_path / f"{name}.log", "wb") as log:  # the process keeps its own copy
+            process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.processes.append(process)
         http = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"X-API-Key": self.key}, timeout=60)
         deadline = time.monotonic() + 60

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from kubelet import ApiError, _Api, pod_path
+from kubelet import pod_path
 
 from orchard.env.backends.kubernetes import KubernetesConfig, lease_name
 from orchard.env.manager import SandboxManager
@@ -40,16 +40,6 @@ def _lease_path(namespace: str, owner: str) -> str:
     return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease_name(owner)}"
 
 
-def _exists(api: _Api, path: str) -> bool:
-    try:
-        api.call("GET", path)
-    except ApiError as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
-
-
 def _eventually(check, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not check():
@@ -70,16 +60,16 @@ def test_a_killed_owners_sandbox_is_reaped_once_its_lease_lapses_and_not_before(
         with SandboxManager(config, store=store, reap_interval=None) as other:
             assert other.reaped_at_start == []
             time.sleep(LEASE * 1.5)  # longer than the Lease: only renewals keep it
-            assert other.reap() == [] and _exists(api, pod_path(namespace, "orchard-orphan-1"))
+            assert other.reap() == [] and api.exists(pod_path(namespace, "orchard-orphan-1"))
 
             owner.kill()  # as a lost host would: no goodbye
             owner.wait()
             reaped: list[str] = []
             _eventually(lambda: bool(reaped.extend(other.reap()) or reaped), LEASE * 4, "the orphan was not reaped")
             assert reaped == ["orphan-1"]
-            _eventually(lambda: not _exists(api, pod_path(namespace, "orchard-orphan-1")), 30, "its Pod stayed")
+            _eventually(lambda: not api.exists(pod_path(namespace, "orchard-orphan-1")), 30, "its Pod stayed")
             lease = _lease_path(namespace, OTHER_HOST_OWNER)
-            _eventually(lambda: other.reap() == [] and not _exists(api, lease), LEASE * 4, "its Lease was not swept")
+            _eventually(lambda: other.reap() == [] and not api.exists(lease), LEASE * 4, "its Lease was not swept")
     finally:
         owner.kill()
         owner.wait()
@@ -98,13 +88,13 @@ def test_an_owner_that_closes_gives_up_its_lease_and_a_fleet_holds_none(kube, na
         annotations = {name: pod["metadata"]["annotations"] for name, pod in pods.items()}
         assert annotations["orchard-closing-1"]["orchard.sandbox/lease"] == lease_name(OTHER_HOST_OWNER)
         assert "orchard.sandbox/lease" not in annotations["orchard-fleet-1"]
-        assert _exists(api, _lease_path(namespace, OTHER_HOST_OWNER))
-        assert not _exists(api, _lease_path(namespace, "fleet:lab"))
+        assert api.exists(_lease_path(namespace, OTHER_HOST_OWNER))
+        assert not api.exists(_lease_path(namespace, "fleet:lab"))
         for sandbox_id, owner in (("closing-1", OTHER_HOST_OWNER), ("fleet-1", "fleet:lab")):
             backend.delete(sandbox_id, owner)
     finally:
         backend.close()
-    assert not _exists(api, _lease_path(namespace, OTHER_HOST_OWNER))
+    assert not api.exists(_lease_path(namespace, OTHER_HOST_OWNER))
 
 
 LEFTOVER = """
@@ -138,13 +128,13 @@ def test_orchard_down_reaps_a_kubernetes_services_leftovers_in_its_cluster(kube,
     assert started.exit_code == 0, started.output
     try:
         subprocess.run([sys.executable, "-c", LEFTOVER, kube.kubeconfig, namespace], check=True)  # it exits: an orphan
-        assert _exists(api, pod_path(namespace, "orchard-leftover-1"))
+        assert api.exists(pod_path(namespace, "orchard-leftover-1"))
         status = runner.invoke(app, ["status"])
         assert f"http://127.0.0.1:{port} (pid" in status.stdout and "kubernetes), 0 sandbox(es)" in status.stdout
     finally:
         stopped = runner.invoke(app, ["down"])
     assert stopped.exit_code == 0 and "1 leftover sandbox(es) removed" in stopped.stdout, stopped.output
-    _eventually(lambda: not _exists(api, pod_path(namespace, "orchard-leftover-1")), 30, "the leftover stayed")
+    _eventually(lambda: not api.exists(pod_path(namespace, "orchard-leftover-1")), 30, "the leftover stayed")
 
 
 def test_an_owner_whose_clock_is_an_hour_behind_is_not_taken_for_dead(

@@ -84,16 +84,7 @@ def _terminated(api: _Api, namespace: str, pod: str) -> dict:
 def _assert_nothing_left(api: _Api, namespace: str, pod: str, kubelet: TestKubelet, backend: KubernetesBackend):
     """The Pod deleted from the API server, and no container or volume of it left in Docker."""
 
-    def gone() -> bool:
-        try:
-            api.call("GET", pod_path(namespace, pod))
-        except Exception as exc:  # the kubelet module's ApiError: 404 once the Pod is gone
-            if getattr(exc, "status", None) == 404:
-                return True
-            raise
-        return False
-
-    _until(f"the Pod {pod} to be deleted", gone)
+    _until(f"the Pod {pod} to be deleted", lambda: not api.exists(pod_path(namespace, pod)))
     _until("the kubelet to remove its containers and volumes", lambda: kubelet.leftovers() == [], 10)
     assert backend.state(pod.removeprefix("orchard-")).exists is False
     assert backend.list() == []

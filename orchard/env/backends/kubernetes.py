@@ -743,6 +743,10 @@ class _OwnerLeases:
         with self._lock:
             held = set(self._held.values())
         found = self._backend._call("GET", self._path, query=[("labelSelector", SELECTOR)], what="list Leases")
+        listed = {lease["metadata"]["name"] for lease in found.get("items") or []}
+        with self._lock:  # forget what was seen of Leases that are gone
+            for name in [name for name in self._seen if name not in listed]:
+                del self._seen[name]
         for lease in found.get("items") or []:
             name = lease["metadata"]["name"]
             if name in held or name in named or _lease_age(lease) <= 2 * _lease_duration(lease):
