@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchard.env.calls import ExecResult, FileInfo, PatchResult
+    from orchard.env.calls import ExecResult, FileInfo, HttpAnswer, PatchResult
     from orchard.env.client import AsyncClient, AsyncSandbox, Client, Sandbox
     from orchard.env.manager import SandboxManager
 
@@ -31,6 +31,7 @@ __all__ = [
     "Client",
     "ExecResult",
     "FileInfo",
+    "HttpAnswer",
     "PatchResult",
     "Sandbox",
     "SandboxManager",
@@ -43,6 +44,7 @@ _WHERE = {
     "Sandbox": "orchard.env.client",
     "ExecResult": "orchard.env.calls",
     "FileInfo": "orchard.env.calls",
+    "HttpAnswer": "orchard.env.calls",
     "PatchResult": "orchard.env.calls",
     "SandboxManager": "orchard.env.manager",
 }

@@ -9,6 +9,7 @@ here once.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import math
 import shlex
@@ -88,6 +89,48 @@ class FileInfo:
     modified: str | None = None
 
 
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
+HTTP_DEFAULT_MAX_BYTES = 1024 * 1024
+HTTP_MAX_BYTES = 16 * 1024 * 1024
+"""The most `max_bytes` of an HTTP call may be (the agent's bound too)."""
+HTTP_MAX_TIMEOUT = 600.0
+HTTP_MAX_PATH = 8192
+HTTP_MAX_ANSWER_HEADERS = 200
+HTTP_MAX_ANSWER_HEADER_BYTES = 64 * 1024
+HTTP_ANSWER_OVERHEAD = 1024 * 1024
+"""Bytes of an HTTP call's answer besides the base64 body: its headers as JSON (escaped, up to 6
+bytes a character) and the other fields."""
+HTTP_AGENT_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    """What a service inside a sandbox answered to `Sandbox.http`, checked on the host.
+
+    `headers` maps lower-case names to values (the last of a repeated header wins; `raw_headers`
+    has every line as sent, in order). `body` is at most the call's `max_bytes`; `truncated` says
+    the service sent more.
+    """
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    truncated: bool = False
+    duration: float = 0.0
+    """Seconds the agent took, from connecting to the service to its answer's last byte read."""
+    raw_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    @property
+    def text(self) -> str:
+        """The body as UTF-8 (undecodable bytes replaced)."""
+        return _text(self.body)
+
+    def json(self) -> Any:
+        """The body parsed as JSON (ValueError when it is not)."""
+        return json.loads(self.body)
+
+
 class Response(Protocol):
     """What a channel answers: an httpx.Response or a transport.Answer."""
 
@@ -141,6 +184,10 @@ class Call:
       chunks, instead of being held in memory; that answer's `content` is then empty. An error
       answer is still read into `content` (under the same limit) for `raise_for_status`.
 
+    * `agent_bound`: the limit is one an honest agent never passes (it cut the data to fit, as
+      `http` does at `max_bytes`), so an answer over it is the agent's fault: `AgentError`, not
+      `TooLarge`.
+
     Status and header lines are bounded too (`transport.MAX_HEADER_LINE`, `transport.MAX_HEADERS`).
     Every call of `AgentCalls` sets the limit that fits its route: `exec(max_output=...)` the JSON
     line plus both streams at their cap (`exec_limit`), `read_file(max_bytes=READ_LIMIT)`,
@@ -158,6 +205,7 @@ class Call:
     limit: int | None = None
     sink: IO[bytes] | None = None
     advice: str = ""
+    agent_bound: bool = False
 
 
 def raise_for_status(response: Response) -> None:
@@ -187,7 +235,8 @@ def raise_for_status(response: Response) -> None:
         raise InvalidRequest(message)
     if status == 507:
         raise SandboxError(message)
-    raise AgentError(f"HTTP {status}: {message}")
+    # an agent's error relayed by the service already names its status: say it once
+    raise AgentError(message if message.startswith("HTTP ") else f"HTTP {status}: {message}")
 
 
 def check_command(command: str | Sequence[str]) -> str | list[str]:
@@ -239,6 +288,151 @@ def split_exec_answer(body: bytes) -> tuple[dict[str, Any], bytes, bytes]:
             f" bytes of output but holds {len(body) - line_end - 1}"
         )
     return facts, body[line_end + 1 : stdout_end], body[stdout_end:]
+
+
+def http_content(
+    json_value: Any, body: bytes | str | None, headers: dict[str, str] | None
+) -> tuple[bytes | None, dict[str, str]]:
+    """The body and headers of an HTTP call given `json=` or `body=` (not both): a JSON value is
+    encoded, with `Content-Type: application/json` unless the headers name a type."""
+    headers = dict(headers or {})
+    if json_value is not None and body is not None:
+        raise InvalidRequest("give json or body, not both")
+    if json_value is not None:
+        try:
+            body = json.dumps(json_value).encode()
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequest(f"json is not JSON-serialisable: {exc}") from None
+        if not any(name.lower() == "content-type" for name in headers):
+            headers["Content-Type"] = "application/json"
+    if isinstance(body, str):
+        body = body.encode()
+    if body is not None and not isinstance(body, bytes | bytearray | memoryview):
+        raise InvalidRequest(f"body must be bytes or str, not {type(body).__name__}")
+    return (None if body is None else bytes(body)), headers
+
+
+def http_request(
+    port: int,
+    path: str,
+    method: str,
+    body: bytes | None,
+    headers: dict[str, str] | None,
+    timeout: float,
+    max_bytes: int,
+) -> dict[str, Any]:
+    """The body of an HTTP call (the agent's `POST /http`, the service's `/sandboxes/{id}/http`),
+    checked as the agent checks it, so a bad request fails here with `InvalidRequest`."""
+    if not _is_int(port) or not 0 < port < 65536:
+        raise InvalidRequest(f"port must be an integer from 1 to 65535, not {port!r}")
+    if not isinstance(method, str) or method.upper() not in HTTP_METHODS:
+        raise InvalidRequest(f"method must be one of {', '.join(HTTP_METHODS)}, not {method!r}")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise InvalidRequest(f"path must start with / (the service is always 127.0.0.1:port), not {path!r:.80}")
+    if len(path) > HTTP_MAX_PATH or not all("!" <= c <= "~" for c in path):
+        raise InvalidRequest(
+            f"path must be at most {HTTP_MAX_PATH} characters of printable ASCII, without spaces (percent-encode)"
+        )
+    if headers is not None and not isinstance(headers, dict):
+        raise InvalidRequest("headers must be a dict of names to string values")
+    for name, value in (headers or {}).items():
+        if not isinstance(name, str) or not _is_token(name):
+            raise InvalidRequest(f"header name {name!r:.80} is not an HTTP token")
+        if name.lower() in HTTP_AGENT_HEADERS:
+            raise InvalidRequest(f"{name} is set by the agent; leave it out of headers")
+        if not isinstance(value, str) or any(c in value for c in "\r\n\0"):
+            raise InvalidRequest(f"header {name} must be a string without CR, LF or NUL")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= HTTP_MAX_TIMEOUT:
+        raise InvalidRequest(f"timeout must be a number of seconds above 0, at most {HTTP_MAX_TIMEOUT:g}")
+    if check_max_bytes(max_bytes) > HTTP_MAX_BYTES:
+        raise InvalidRequest(f"max_bytes must be at most {HTTP_MAX_BYTES} ({HTTP_MAX_BYTES >> 20} MiB)")
+    request: dict[str, Any] = {"port": port, "method": method.upper(), "path": path, "timeout": timeout}
+    if headers:
+        request["headers"] = dict(headers)
+    if body is not None:
+        request["body"] = base64.b64encode(body).decode()
+    request["max_bytes"] = max_bytes
+    return request
+
+
+def http_answer(max_bytes: int) -> Callable[[Response], HttpAnswer]:
+    """The reader of an HTTP call's answer: everything checked, nothing it claims trusted."""
+
+    def read(response: Response) -> HttpAnswer:
+        try:
+            data = response.json()
+        except ValueError:
+            raise AgentError(f"the answer to an HTTP call is not JSON: {response.content[:80]!r}") from None
+        if not isinstance(data, dict):
+            raise AgentError("the answer to an HTTP call is not a JSON object")
+        status, truncated, duration = data.get("status"), data.get("truncated"), data.get("duration")
+        if not isinstance(status, int) or isinstance(status, bool) or not 100 <= status <= 599:
+            raise AgentError(f"the answer to an HTTP call has status {status!r:.40}, not an HTTP status (100 to 599)")
+        if not isinstance(truncated, bool):
+            raise AgentError(f"the answer to an HTTP call has truncated {truncated!r:.40}, not true or false")
+        if not isinstance(duration, int | float) or isinstance(duration, bool) or not 0 <= duration < math.inf:
+            raise AgentError(f"the answer to an HTTP call has duration {duration!r:.40}, not a number of seconds")
+        pairs = _answer_headers(data.get("headers"))
+        return HttpAnswer(
+            status=status,
+            headers={name.lower(): value for name, value in pairs},
+            body=_answer_body(data.get("body"), max_bytes),
+            truncated=truncated,
+            duration=float(duration),
+            raw_headers=pairs,
+        )
+
+    return read
+
+
+def _answer_headers(headers: Any) -> tuple[tuple[str, str], ...]:
+    """An answer's headers: a list of [name, value] pairs of strings, within the bounds."""
+    if not isinstance(headers, list):
+        raise AgentError("the answer to an HTTP call has headers that are not a list of [name, value] pairs")
+    if len(headers) > HTTP_MAX_ANSWER_HEADERS:
+        raise AgentError(f"the answer to an HTTP call has {len(headers)} headers, over {HTTP_MAX_ANSWER_HEADERS}")
+    pairs, size = [], 0
+    for pair in headers:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(part, str) for part in pair)):
+            raise AgentError(f"the answer to an HTTP call has a header that is not a [name, value] pair: {pair!r:.80}")
+        name, value = pair
+        if not _is_token(name) or any(c in value for c in "\r\n\0"):
+            raise AgentError(f"the answer to an HTTP call has a malformed header: {name!r:.80}")
+        size += len(name) + len(value) + 4
+        if size > HTTP_MAX_ANSWER_HEADER_BYTES:
+            raise AgentError(f"the answer to an HTTP call has over {HTTP_MAX_ANSWER_HEADER_BYTES} bytes of headers")
+        pairs.append((name, value))
+    return tuple(pairs)
+
+
+def _answer_body(body: Any, max_bytes: int) -> bytes:
+    """An answer's body: base64 of at most `max_bytes` (checked before it is decoded)."""
+    if not isinstance(body, str):
+        raise AgentError("the answer to an HTTP call has a body that is not a base64 string")
+    if len(body) > _base64_size(max_bytes):
+        raise AgentError(f"the answer to an HTTP call has a body over max_bytes={max_bytes}")
+    try:
+        data = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        raise AgentError("the answer to an HTTP call has a body that is not valid base64") from None
+    if len(data) > max_bytes:
+        raise AgentError(f"the answer to an HTTP call has a body of {len(data)} bytes, over max_bytes={max_bytes}")
+    return data
+
+
+def http_answer_json(answer: HttpAnswer) -> dict[str, Any]:
+    """An answer in the wire shape both the agent and the service send."""
+    return {
+        "status": answer.status,
+        "headers": [list(pair) for pair in answer.raw_headers],
+        "body": base64.b64encode(answer.body).decode(),
+        "truncated": answer.truncated,
+        "duration": answer.duration,
+    }
+
+
+def _is_token(name: str) -> bool:
+    return bool(name) and all(c in _TOKEN for c in name)
 
 
 def command_text(command: str | Sequence[str]) -> str:
@@ -380,6 +574,32 @@ class AgentCalls:
         body = {"patch": patch, "timeout": timeout}
         return Call("POST", "/apply_patch", _patch_result, json=body, timeout=_http_timeout(timeout))
 
+    def http(
+        self,
+        port: int,
+        path: str,
+        *,
+        method: str = "POST",
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+        max_bytes: int = HTTP_DEFAULT_MAX_BYTES,
+    ) -> Call:
+        """One HTTP request to `127.0.0.1:port` inside the sandbox, sent by its agent (`POST /http`).
+
+        The answer is bounded by `max_bytes` (base64, plus its headers) and checked
+        (`http_answer`); one over the bound is the agent's fault (`agent_bound`).
+        """
+        return Call(
+            "POST",
+            "/http",
+            http_answer(max_bytes),
+            json=http_request(port, path, method, body, headers, timeout, max_bytes),
+            timeout=_http_timeout(timeout),
+            limit=_base64_size(max_bytes) + HTTP_ANSWER_OVERHEAD,
+            agent_bound=True,
+        )
+
 
 class ServiceCalls:
     """The same operations through an `orchard up` service (the Orchard Env REST API)."""
@@ -501,6 +721,28 @@ class ServiceCalls:
             timeout=_http_timeout(timeout),
         )
 
+    def http(
+        self,
+        port: int,
+        path: str,
+        *,
+        method: str = "POST",
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+        max_bytes: int = HTTP_DEFAULT_MAX_BYTES,
+    ) -> Call:
+        """The same request through the service (`POST /sandboxes/{id}/http`), checked the same way."""
+        return Call(
+            "POST",
+            f"{self.prefix}/http",
+            http_answer(max_bytes),
+            json=http_request(port, path, method, body, headers, timeout, max_bytes),
+            timeout=timeout + 60.0,  # the agent's own bound, then the service's hop
+            limit=_base64_size(max_bytes) + HTTP_ANSWER_OVERHEAD,
+            agent_bound=True,
+        )
+
 
 class ServiceSandboxes:
     """Lifecycle calls of the service: create, wait, delete, list, warm."""
@@ -599,7 +841,12 @@ def _patch_result(response: Response) -> PatchResult:
 def send(channel: Channel, call: Call) -> Any:
     """Send a call (and any follow-up call its answer asks for) through a sync channel."""
     while True:
-        answer = channel.request(call)
+        try:
+            answer = channel.request(call)
+        except TooLarge as exc:
+            if call.agent_bound:
+                raise AgentError(f"the sandbox broke its bound: {exc}") from None
+            raise
         raise_for_status(answer)
         result = parse(call, answer)
         if not isinstance(result, Call):
@@ -610,7 +857,12 @@ def send(channel: Channel, call: Call) -> Any:
 async def asend(channel: AsyncChannel, call: Call) -> Any:
     """Send a call (and its follow-ups) through an async channel."""
     while True:
-        answer = await channel.request(call)
+        try:
+            answer = await channel.request(call)
+        except TooLarge as exc:
+            if call.agent_bound:
+                raise AgentError(f"the sandbox broke its bound: {exc}") from None
+            raise
         raise_for_status(answer)
         result = parse(call, answer)
         if not isinstance(result, Call):

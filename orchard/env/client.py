@@ -44,17 +44,20 @@ from orchard.env.backends import BackendConfig
 from orchard.env.backends.base import Network, SandboxSpec, check_sandbox_id, make_spec
 from orchard.env.calls import (
     ARCHIVE_LIMIT,
+    HTTP_DEFAULT_MAX_BYTES,
     READ_LIMIT,
     AgentCalls,
     Call,
     Channel,
     ExecResult,
     FileInfo,
+    HttpAnswer,
     PatchResult,
     ServiceCalls,
     ServiceSandboxes,
     asend,
     command_text,
+    http_content,
     send,
 )
 from orchard.env.discovery import local_service_key
@@ -80,6 +83,7 @@ __all__ = [
     "Client",
     "ExecResult",
     "FileInfo",
+    "HttpAnswer",
     "PatchResult",
     "Sandbox",
 ]
@@ -91,7 +95,7 @@ DEFAULT_EXEC_TIMEOUT = 300.0
 
 
 class Sandbox:
-    """One live sandbox: run commands, move files, apply patches. Use as a context manager."""
+    """One live sandbox: run commands, move files, apply patches, call its services. Use as a context manager."""
 
     def __init__(
         self,
@@ -181,6 +185,33 @@ class Sandbox:
     def apply_patch(self, patch: str, *, timeout: float = 30.0) -> PatchResult:
         """`git apply` a unified diff in /workspace."""
         return self._send(self._calls.apply_patch(patch, timeout))
+
+    def http(
+        self,
+        path: str,
+        *,
+        port: int,
+        method: str = "POST",
+        json: Any = None,
+        body: bytes | str | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+        max_bytes: int = HTTP_DEFAULT_MAX_BYTES,
+    ) -> HttpAnswer:
+        """One HTTP request to a service listening on the sandbox's own loopback, `127.0.0.1:port`.
+
+        The sandbox's agent sends it (no port is published, nothing else is reached, and a
+        `blocked` network is fine): `path` is the request target (`/notes/get?id=1`), never a URL.
+        `json` sends a JSON body with `Content-Type: application/json`; `body` sends bytes as
+        they are. Every status is an answer (a 404 or 500 is an `HttpAnswer`); nothing listening,
+        no answer within `timeout` seconds, or one that is not HTTP raise `AgentError`. At most
+        `max_bytes` of the body is kept (16 MiB at most; `truncated` says there was more).
+        """
+        content, headers = http_content(json, body, headers)
+        call = self._calls.http(
+            port, path, method=method, body=content, headers=headers, timeout=timeout, max_bytes=max_bytes
+        )
+        return self._send(call)
 
     def terminal(
         self,
@@ -307,6 +338,25 @@ class AsyncSandbox:
     async def apply_patch(self, patch: str, *, timeout: float = 30.0) -> PatchResult:
         """`git apply` a unified diff in /workspace."""
         return await self._send(self._calls.apply_patch(patch, timeout))
+
+    async def http(
+        self,
+        path: str,
+        *,
+        port: int,
+        method: str = "POST",
+        json: Any = None,
+        body: bytes | str | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+        max_bytes: int = HTTP_DEFAULT_MAX_BYTES,
+    ) -> HttpAnswer:
+        """One HTTP request to a service on the sandbox's loopback (see `Sandbox.http`)."""
+        content, headers = http_content(json, body, headers)
+        call = self._calls.http(
+            port, path, method=method, body=content, headers=headers, timeout=timeout, max_bytes=max_bytes
+        )
+        return await self._send(call)
 
     async def terminal(
         self,

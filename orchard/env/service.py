@@ -75,7 +75,18 @@ from orchard.env.backends.base import (
     parse_cpu,
     parse_memory,
 )
-from orchard.env.calls import ARCHIVE_LIMIT, READ_LIMIT, AgentCalls, ExecResult, asend, command_text
+from orchard.env.calls import (
+    ARCHIVE_LIMIT,
+    HTTP_DEFAULT_MAX_BYTES,
+    HTTP_MAX_BYTES,
+    HTTP_MAX_TIMEOUT,
+    READ_LIMIT,
+    AgentCalls,
+    ExecResult,
+    asend,
+    command_text,
+    http_answer_json,
+)
 from orchard.env.discovery import remove_state, write_state
 from orchard.env.manager import Fleet, SandboxInfo, SandboxManager, async_agent_http, new_sandbox_id
 from orchard.env.pty import open_agent_relay
@@ -195,6 +206,20 @@ class PatchBody(Body):
 
     patch: StrictStr
     timeout_seconds: float = Field(default=30, gt=0, allow_inf_nan=False)
+
+
+class HttpBody(Body):
+    """Extension: one HTTP request to a service on the sandbox's loopback (the agent's `POST /http`)."""
+
+    zero_is_default = ("timeout",)
+
+    port: int = Field(ge=1, le=65535, description="The service's port on the sandbox's 127.0.0.1.")
+    method: StrictStr = "POST"
+    path: StrictStr = Field(description="The request target, starting with / (a query string included).")
+    headers: dict[StrictStr, StrictStr] | None = None
+    body: StrictStr | None = Field(default=None, description="base64")
+    timeout: float = Field(default=30, gt=0, le=HTTP_MAX_TIMEOUT, allow_inf_nan=False)
+    max_bytes: int = Field(default=HTTP_DEFAULT_MAX_BYTES, ge=0, le=HTTP_MAX_BYTES)
 
 
 class FileBody(Body):
@@ -875,6 +900,25 @@ def create_app(service: Service) -> FastAPI:
         async with service.queue(sandbox_id):  # after the jobs before it, as published
             result = await asend(agent, AgentCalls().apply_patch(body.patch, body.timeout_seconds))
         return dataclasses.asdict(result)
+
+    @app.post("/sandboxes/{sandbox_id}/http")
+    async def http_request(sandbox_id: str, body: HttpBody) -> Response:
+        """Extension: not queued behind the sandbox's jobs (a tool call must not wait for a command)."""
+        try:
+            content = None if body.body is None else base64.b64decode(body.body, validate=True)
+        except ValueError:
+            raise InvalidRequest("body must be base64") from None
+        call = AgentCalls().http(
+            body.port,
+            body.path,
+            method=body.method,
+            body=content,
+            headers=body.headers,
+            timeout=body.timeout,
+            max_bytes=body.max_bytes,
+        )
+        answer = await asend(await service.agent(sandbox_id), call)
+        return JSONResponse(http_answer_json(answer))
 
     @app.post("/sandboxes/{sandbox_id}/files")
     async def upload(sandbox_id: str, body: FileBody) -> dict:
