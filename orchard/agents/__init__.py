@@ -1,7 +1,9 @@
 """Harnesses (the interface a model works through), models, and the agent loop.
 
-Three harnesses ship: `bash` (one fenced shell command per turn), `tools` (function calling with
-a file editor), `cli` (a coding CLI's tools, ending on a plain-text answer). `HARNESSES` names
+Five harnesses ship: for software tasks `bash` (one fenced shell command per turn), `tools`
+(function calling with a file editor), `cli` (a coding CLI's tools, ending on a plain-text
+answer); for assistant tasks (`claw`) `functions` (each service endpoint a tool) and `assistant`
+(shell, files, HTTP by URL, memory). `HARNESSES` names
 them; your own is a class with the `Harness` methods, named as `path/to/file.py:ClassName` or
 `module:Class` wherever a harness name is accepted; `examples/custom_harness.py` shows one.
 """
@@ -20,6 +22,8 @@ HARNESSES: dict[str, str] = {
     "bash": "orchard.agents.bash:BashHarness",
     "tools": "orchard.agents.tools:ToolsHarness",
     "cli": "orchard.agents.cli:CliHarness",
+    "functions": "orchard.claw.harnesses:FunctionsHarness",
+    "assistant": "orchard.claw.harnesses:AssistantHarness",
 }
 """The harnesses that ship, by name: `name -> "module:Class"`."""
 

@@ -93,6 +93,21 @@ class Harness(Protocol):
     def encode(self, step: Step, index: int) -> Reply: ...
 
 
+class ToolCalling:
+    """What every function-calling harness shares: an observation is the answer to its tool call,
+    and a format error answers every tool call of the reply (the API wants each one answered
+    before the next user message), or comes as a user message when the reply made none."""
+
+    def observation_messages(self, action: Action, observation: str) -> list[Message]:
+        return [{"role": "tool", "tool_call_id": action.call_id, "content": observation}]
+
+    def format_error_messages(self, reply: Reply, error: FormatError) -> list[Message]:
+        answers: list[Message] = [
+            {"role": "tool", "tool_call_id": call.id, "content": f"Error: {error}"} for call in reply.tool_calls
+        ]
+        return answers or [{"role": "user", "content": f"Format error: {error}"}]
+
+
 def clip(text: str, limit: int = MAX_OBSERVATION) -> str:
     """At most `limit` characters: head and tail around a marker."""
     if len(text) <= limit:

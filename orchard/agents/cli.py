@@ -12,7 +12,18 @@ import shlex
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from orchard.agents.base import Action, FormatError, Message, Reply, Step, ToolCall, clip, json_arguments, task_text
+from orchard.agents.base import (
+    Action,
+    FormatError,
+    Message,
+    Reply,
+    Step,
+    ToolCall,
+    ToolCalling,
+    clip,
+    json_arguments,
+    task_text,
+)
 from orchard.errors import NotFound, OrchardError
 
 if TYPE_CHECKING:
@@ -88,7 +99,7 @@ _REQUIRED = {"shell": ("command", list), "read_file": ("path", str), "write_file
 _REQUIRED["apply_patch"] = ("patch", str)
 
 
-class CliHarness:
+class CliHarness(ToolCalling):
     name = "cli"
     default_timeout = 120.0
 
@@ -166,9 +177,6 @@ class CliHarness:
         start = max(1, offset)
         chosen = lines[start - 1 : start - 1 + max(1, limit)]
         return _result("\n".join(chosen), 0)
-
-    def observation_messages(self, action: Action, observation: str) -> list[Message]:
-        return [{"role": "tool", "tool_call_id": action.call_id, "content": observation}]
 
     def format_error_messages(self, reply: Reply, error: FormatError) -> list[Message]:
         answers: list[Message] = [

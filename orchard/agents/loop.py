@@ -76,6 +76,9 @@ class Episode:
     """What the task's kind took from the sandbox at the end (SWE: the working tree's diff)."""
     error: str | None = None
     steps: list[StepLog] = field(default_factory=list)
+    dialogue: list[Message] = field(default_factory=list)
+    """The conversation between the user and the agent alone: the prompt, then what the agent said
+    each time it ended its turn and the user's answers (`TaskBase.respond`)."""
     format_errors: int = 0
     duration: float = 0.0
 
@@ -107,6 +110,7 @@ def run_episode(
     ]
     tools = harness.tools()
     episode = Episode(uuid.uuid4().hex, task, harness.name, model_name, messages, tools, status="truncated")
+    episode.dialogue.append({"role": "user", "content": task.prompt()})
     started = time.monotonic()
     in_a_row = 0
     try:
@@ -158,9 +162,22 @@ def _step(episode: Episode, index: int, harness: Harness, model: ModelSession, b
     for action in actions:
         log.actions.append({"name": action.name, "arguments": action.arguments})
         if action.is_submit:
+            said = str(action.arguments.get("answer") or reply.content or "")
+            episode.dialogue.append({"role": "assistant", "content": said})
+            answer = episode.task.respond(box, episode.dialogue)
             if action.call_id:  # every tool call gets an answer, so the conversation stays well-formed
-                episode.messages.append({"role": "tool", "tool_call_id": action.call_id, "content": "Submitted."})
-            submitted = True
+                episode.messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": action.call_id,
+                        "content": "Submitted." if answer is None else "Sent.",
+                    }
+                )
+            if answer is None:
+                submitted = True
+            else:
+                episode.dialogue.append({"role": "user", "content": answer})
+                episode.messages.append({"role": "user", "content": answer})
             break
         observation = harness.execute(action, box, episode.task.workdir)
         observations.append(observation)

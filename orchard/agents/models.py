@@ -3,7 +3,8 @@
 * `scripted:gold` replays, for each task, the script its kind makes from its known solution
   (`task.script("gold")`; for SWE: look around, apply the gold patch, check, submit) in whatever
   harness is used; `scripted:regress` does the same but undoes the solution before submitting
-  (unresolved, with one productive stretch); `scripted:FILE` replays steps from a JSON file
+  (unresolved, with one productive stretch); `scripted:NAME` plays another script a kind makes
+  (a claw task's `unsafe`); `scripted:FILE` replays steps from a JSON file
   (`{instance_id: [step, ...]}`, steps as `orchard.agents.base.Step` fields); `noop` submits at
   once. For tests and offline demos.
 * `openai:MODEL` (any OpenAI-compatible server: vLLM, SGLang, llama.cpp, Ollama, hosted APIs),
@@ -84,14 +85,15 @@ class ScriptedSession:
 
 
 class ScriptedModel:
-    """`scripted:gold`, `scripted:regress` (fixes, then reverts), `scripted:FILE` or `noop`."""
+    """`scripted:gold`, `scripted:regress` (fixes, then reverts), another script of the task's
+    kind by name (`scripted:unsafe` of a claw task), `scripted:FILE` or `noop`."""
 
     def __init__(self, source: str):
-        builtin = source in ("gold", "regress")
-        self.name = "noop" if source == "noop" else f"scripted:{source if builtin else Path(source).name}"
+        named = source.isidentifier()  # a script the task's kind makes; a file's name has a dot or a slash
+        self.name = "noop" if source == "noop" else f"scripted:{source if named else Path(source).name}"
         self._scripts: dict[str, list[Step]] | None = None
         self._source = source
-        if source not in ("gold", "regress", "noop"):
+        if not named:
             path = Path(source)
             try:
                 data = json.loads(path.read_text())

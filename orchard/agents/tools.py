@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from orchard.agents.base import (
     Action,
     FormatError,
-    Message,
     Reply,
     Step,
     ToolCall,
+    ToolCalling,
     clip,
     json_arguments,
     run_shell,
@@ -83,7 +83,7 @@ TOOLS: list[dict[str, Any]] = [
 ]
 
 
-class ToolsHarness:
+class ToolsHarness(ToolCalling):
     name = "tools"
     command_timeout = 120.0
 
@@ -196,16 +196,6 @@ class ToolsHarness:
     def _write(self, box: Sandbox, path: str, text: str, previous: str | None) -> None:
         box.write_file(path, text)
         self._history.setdefault(path, []).append(previous)
-
-    def observation_messages(self, action: Action, observation: str) -> list[Message]:
-        return [{"role": "tool", "tool_call_id": action.call_id, "content": observation}]
-
-    def format_error_messages(self, reply: Reply, error: FormatError) -> list[Message]:
-        # Every tool call of the assistant message needs an answer before the next user message.
-        answers: list[Message] = [
-            {"role": "tool", "tool_call_id": call.id, "content": f"Error: {error}"} for call in reply.tool_calls
-        ]
-        return answers or [{"role": "user", "content": f"Format error: {error}"}]
 
     def encode(self, step: Step, index: int) -> Reply:
         call_id = f"call_{index}_{uuid.uuid4().hex[:8]}"

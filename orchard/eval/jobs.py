@@ -82,6 +82,8 @@ def jobs(config: EvalConfig | CollectRunConfig) -> tuple[list[Any], list[Job]]:
     from orchard.eval.agent import agent_solver
 
     every = load_tasks(config.tasks, split=config.split)
+    if "harnesses" not in config.model_fields_set:  # not chosen: the harnesses the task kind is worked through
+        config = config.model_copy(update={"harnesses": list(type(every[0]).harnesses)})
     tasks = _only(every, config.ids, config.tasks)
     recorded = {"tasks": str(Path(config.tasks).resolve()) if Path(config.tasks).exists() else config.tasks}
     predictions = getattr(config, "predictions", None)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from orchard.tasks.base import Grade, TaskBase
 
-OUTCOME_ORDER = ["resolved", "unresolved", "empty_patch", "patch_failed", "timeout", "error"]
+OUTCOME_ORDER = ["resolved", "unresolved", "unsafe", "empty_patch", "patch_failed", "timeout", "error"]
 LOG_FILE_LIMIT = 64 * 1024 * 1024
 """Bytes of an attempt's log written to its `test_output.txt`; a longer one keeps its head and tail."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")

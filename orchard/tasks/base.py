@@ -12,6 +12,7 @@ call these, so a new kind is one file (a subclass of `TaskBase`) plus a line in
         prompt() -> str                                     # the task as the first user turn
         sandbox_image(prepare) -> str                       # its sandbox's image, built offline if needed
         start(box)                                          # before the first step (in the agent's shell)
+        respond(box, dialogue) -> str | None                # the user's answer when the agent ends its turn
         submission(box) -> str                              # what the attempt produced (SWE: the patch)
         grade(client, submission, image) -> Grade           # the verdict, score in [0, 1]
         progress(client, submission, image) -> float        # mid-episode, for credit by replay
@@ -47,14 +48,18 @@ SANDBOX_LIMITS: dict[str, Any] = {"memory": "4Gi"}
 
 @dataclass
 class Step:
-    """One step of a task's scripted solution (`script`): run a shell command, write a file, or
-    submit. Harness-neutral: any harness writes it in its own format (`Harness.encode`)."""
+    """One step of a task's scripted solution (`script`): run a shell command, write a file, call
+    one of the task's tools (`call`: `tool` with `arguments`), say `content` to the user (`say`:
+    a reply without actions, which ends the episode unless the task's user answers), or submit.
+    Harness-neutral: any harness writes it in its own format (`Harness.encode`)."""
 
-    kind: Literal["bash", "write", "submit"]
+    kind: Literal["bash", "write", "call", "say", "submit"]
     command: str = ""
     path: str = ""
     content: str = ""
     thought: str = ""
+    tool: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -123,6 +128,8 @@ class TaskBase(BaseModel):
     """How reports rank attempts: `resolve_rate` (pass/fail) or `score` (mean score, pass@k, pass^k)."""
     limits: ClassVar[dict[str, Any]] = SANDBOX_LIMITS
     """`Client.create` arguments for the task's sandboxes."""
+    harnesses: ClassVar[tuple[str, ...]] = ("bash",)
+    """The harnesses its tasks are worked through when a run names none."""
 
     instance_id: str
     kind: str
@@ -151,6 +158,15 @@ class TaskBase(BaseModel):
 
     def start(self, box: Sandbox) -> None:
         box.exec(f"cd {shlex.quote(self.workdir)}", session="agent")
+
+    def respond(self, box: Sandbox, dialogue: list[dict[str, Any]]) -> str | None:
+        """The user's answer to the agent's last message (`dialogue[-1]`), or None: the episode ends.
+
+        The agent ends its turn by submitting; what it said then (a final answer, or a question to
+        the user) is the newest `assistant` entry of `dialogue`, the conversation between the user
+        and the agent alone (the task's prompt first, no tool calls). A kind with a simulated user
+        answers here, and the episode goes on; the default has none."""
+        return None
 
     def submission(self, box: Sandbox) -> str:
         raise NotImplementedError

@@ -8,7 +8,7 @@ from orchard.errors import ConfigError
 from orchard.registry import load
 from orchard.tasks.base import TaskBase
 
-KINDS: dict[str, str] = {"swe": "orchard.tasks.swe:SWETask"}
+KINDS: dict[str, str] = {"swe": "orchard.tasks.swe:SWETask", "claw": "orchard.claw.task:ClawTask"}
 """Task kinds by name: `name -> "module:Class"`."""
 
 
