@@ -99,10 +99,10 @@ def run_episode(
     *,
     model_name: str,
     limits: Limits = Limits(),
-    on_step: Callable[[int, Sandbox], object] | None = None,
+    on_step: Callable[[int, Sandbox, list[Message]], object] | None = None,
 ) -> Episode:
     """Let `model` work `task` in `box` (a fresh sandbox of the task's image) through `harness`;
-    `on_step(index, box)` runs after each step (credit by replay measures progress there)."""
+    `on_step(index, box, messages)` runs after each step (credit by replay measures progress there)."""
     public = {**task.public(), "prompt": task.prompt()}
     messages: list[Message] = [
         {"role": "system", "content": harness.system_prompt(public)},
@@ -124,7 +124,7 @@ def run_episode(
                 break
             submitted = _step(episode, index, harness, model, box, tools)
             if on_step is not None:
-                on_step(index, box)
+                on_step(index, box, episode.messages)
             if submitted:
                 episode.status = "completed"
                 break
@@ -134,7 +134,7 @@ def run_episode(
                 break
     except OrchardError as exc:  # the model server or the sandbox failed
         episode.status, episode.error = "aborted", str(exc)
-    episode.submission = task.submission(box)
+    episode.submission = task.conclude(box, episode.messages)
     episode.duration = time.monotonic() - started
     return episode
 

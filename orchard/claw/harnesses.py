@@ -9,8 +9,9 @@
   without a tool call is again the message to the user.
 
 Both reach the services inside the sandbox through the exec agent (`Sandbox.http`), never through
-a host port. Both read the task's public view at `system_prompt` (its tools, the services' URL,
-the user's address and date), which the loop asks for first.
+a host port. Both read the task's public view at `system_prompt`, which the loop asks for first:
+its `tools` (`name`, `description`, `input_schema`, and the `url` on the sandbox's loopback that
+serves it: a task's services may listen on several ports), the user's `address` and `now`.
 """
 
 from __future__ import annotations
@@ -62,11 +63,9 @@ class FunctionsHarness(ToolCalling):
 
     def __init__(self) -> None:
         self._tools: dict[str, dict[str, Any]] = {}
-        self._port = 0
 
     def system_prompt(self, task: dict[str, Any]) -> str:
         self._tools = {t["name"]: t for t in task.get("tools", [])}
-        self._port = urlsplit(str(task.get("base_url", ""))).port or 0
         return SYSTEM.format(
             address=task.get("address", "the user"), today=task.get("now", "today"), how=" with the tools"
         )
@@ -92,9 +91,12 @@ class FunctionsHarness(ToolCalling):
         return actions
 
     def execute(self, action: Action, box: Sandbox, workdir: str) -> str:
-        endpoint = self._tools[action.name]["endpoint"]
+        tool = self._tools[action.name]
+        port, path = _local(tool["url"])
         try:
-            answer = box.http(endpoint, port=self._port, json=action.arguments, timeout=CALL_SECONDS)
+            answer = box.http(
+                path, port=port, method=tool.get("method", "POST"), json=action.arguments, timeout=CALL_SECONDS
+            )
         except OrchardError as exc:
             return f"Error: the service could not be reached: {exc}"
         return _answer_text(answer.status, answer.text)
@@ -162,16 +164,14 @@ class AssistantHarness(ToolCalling):
     command_timeout = 60.0
 
     def __init__(self) -> None:
-        self._base = ""
-        self._endpoints: dict[str, str] = {}
+        self._urls: dict[str, str] = {}
 
     def system_prompt(self, task: dict[str, Any]) -> str:
-        self._base = str(task.get("base_url", ""))
-        self._endpoints = {t["name"]: t["endpoint"] for t in task.get("tools", [])}
+        self._urls = {t["name"]: t["url"] for t in task.get("tools", [])}
         reference = "\n".join(_reference(t) for t in task.get("tools", []))
         how = (
-            f" through their services' HTTP API at {self._base} (http_request; every call is a POST of a JSON "
-            "object to the endpoint, and answers JSON), your shell and your files"
+            " through their services' HTTP APIs (http_request: every call is a POST of a JSON object to the "
+            "endpoint's URL, answered in JSON), your shell and your files"
         )
         intro = SYSTEM.format(address=task.get("address", "the user"), today=task.get("now", "today"), how=how)
         return f"{intro}\n\nThe services' endpoints:\n{reference}"
@@ -219,11 +219,11 @@ class AssistantHarness(ToolCalling):
             return f"Error: {exc}"
 
     def _http(self, box: Sandbox, method: str, url: str, body: Any) -> str:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or parts.hostname not in ("localhost", "127.0.0.1") or not parts.port:
-            return f"Error: only the user's services are reachable, at {self._base}"
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        answer = box.http(path, port=parts.port, method=method, json=body, timeout=CALL_SECONDS)
+        try:
+            port, path = _local(url)
+        except ValueError:
+            return "Error: only the user's services are reachable, at the URLs of the endpoint list"
+        answer = box.http(path, port=port, method=method, json=body, timeout=CALL_SECONDS)
         return f"HTTP {answer.status}\n{_answer_text(answer.status, answer.text)}"
 
     def _memory(self, box: Sandbox, workdir: str, action: str, text: str) -> str:
@@ -242,8 +242,9 @@ class AssistantHarness(ToolCalling):
     def encode(self, step: Step, index: int) -> Reply:
         call_id = f"call_{index}_{uuid.uuid4().hex[:8]}"
         if step.kind == "call":
-            endpoint = self._endpoints.get(step.tool, f"/{step.tool.replace('_', '/', 1)}")
-            arguments = {"method": "POST", "url": f"{self._base}{endpoint}", "body": step.arguments}
+            if step.tool not in self._urls:
+                raise ConfigError(f"the script calls {step.tool!r}, which is none of the task's tools")
+            arguments = {"method": "POST", "url": self._urls[step.tool], "body": step.arguments}
             return Reply(content=step.thought, tool_calls=[ToolCall(call_id, "http_request", json.dumps(arguments))])
         if step.kind in ("say", "submit"):
             return Reply(content=step.content or step.thought or "Done.")
@@ -262,4 +263,12 @@ def _reference(tool: dict[str, Any]) -> str:
         f"{name}{'*' if name in required else ''}: {spec.get('type', 'any')}"
         for name, spec in schema.get("properties", {}).items()
     )
-    return f"POST {tool['endpoint']} {{{fields}}}: {tool.get('description', '')}"
+    return f"{tool.get('method', 'POST')} {tool['url']} {{{fields}}}: {tool.get('description', '')}"
+
+
+def _local(url: str) -> tuple[int, str]:
+    """(port, path with query) of a URL on the sandbox's loopback; ValueError for any other."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname not in ("localhost", "127.0.0.1") or not parts.port:
+        raise ValueError(f"{url} is not on the sandbox's loopback")
+    return parts.port, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")

@@ -150,7 +150,7 @@ class ClawTask(TaskBase):
             "now": self.now,
             "address": self.address,
             "base_url": f"http://localhost:{PORT}",
-            "tools": self.offered,
+            "tools": [{**t, "url": f"http://localhost:{PORT}{t['endpoint']}"} for t in self.offered],
         }
 
     def prompt(self) -> str:

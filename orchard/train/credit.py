@@ -133,8 +133,8 @@ class ReplayEstimator:
 
         known: dict[int, float] = {0: 0.0}
 
-        def measure(index: int, box: Sandbox) -> None:
-            known[index + 1] = self._progress(task, task.submission(box))
+        def measure(index: int, box: Sandbox, messages: list[dict[str, Any]]) -> None:
+            known[index + 1] = self._progress(task, task.conclude(box, messages))
 
         replay = RecordedModel(json.loads(trajectory.messages))
         limits = Limits(max_steps=len(replay.replies) + 1, max_seconds=float("inf"), max_format_errors=10**9)
