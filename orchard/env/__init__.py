@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from orchard.env.calls import ExecResult, FileInfo, HttpAnswer, PatchResult
-    from orchard.env.client import AsyncClient, AsyncSandbox, Client, Sandbox
+    from orchard.env.client import AsyncClient, AsyncSandbox, Client, Exposure, Sandbox
     from orchard.env.manager import SandboxManager
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "AsyncSandbox",
     "Client",
     "ExecResult",
+    "Exposure",
     "FileInfo",
     "HttpAnswer",
     "PatchResult",
@@ -41,6 +42,7 @@ _WHERE = {
     "AsyncClient": "orchard.env.client",
     "AsyncSandbox": "orchard.env.client",
     "Client": "orchard.env.client",
+    "Exposure": "orchard.env.client",
     "Sandbox": "orchard.env.client",
     "ExecResult": "orchard.env.calls",
     "FileInfo": "orchard.env.calls",

@@ -435,6 +435,60 @@ def _is_token(name: str) -> bool:
     return bool(name) and all(c in _TOKEN for c in name)
 
 
+TUNNEL_UPGRADE = "orchard-tunnel"
+TUNNEL_CALL_SECONDS = 10.0
+"""How long `/listen` and `DELETE /listen` may take (the agent answers them at once)."""
+TUNNEL_MAX_WAIT = 600.0
+"""The most seconds one `/accept` may wait in the agent (its bound too)."""
+TUNNEL_MAX_HEAD = 16 * 1024
+"""Bytes of the agent's answer head to `/accept` (it sends about 90)."""
+TUNNEL_MAX_HEADERS = 32
+
+
+def check_port(port: Any, what: str = "port") -> int:
+    if not _is_int(port) or not 0 < port < 65536:
+        raise InvalidRequest(f"{what} must be an integer from 1 to 65535, not {port!r:.40}")
+    return port
+
+
+def tunnel_request(port: int, wait: float, auth: str) -> bytes:
+    """`POST /accept` (upgrade to `orchard-tunnel`): the next connection made to `port` in the
+    sandbox, once one comes within `wait` seconds. The body names the port only: no address."""
+    body = json.dumps({"port": check_port(port), "timeout": wait}).encode()
+    head = (
+        f"POST /accept HTTP/1.1\r\nHost: agent\r\nAuthorization: {auth}\r\nConnection: Upgrade\r\n"
+        f"Upgrade: {TUNNEL_UPGRADE}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+def tunnel_answer(head: bytes) -> tuple[int, int]:
+    """The status of the agent's answer to `/accept` (its head, up to the blank line) and its
+    body's length: 101 (the tunnel is open; it must name `Upgrade: orchard-tunnel`), 204 (no
+    connection came in time; no body), or an error with a JSON body. AgentError for anything else."""
+    lines = head.split(b"\r\n")
+    if len(head) > TUNNEL_MAX_HEAD or len(lines) > TUNNEL_MAX_HEADERS + 3:
+        raise AgentError(
+            f"the agent's answer to /accept has a head over {TUNNEL_MAX_HEAD} bytes or {TUNNEL_MAX_HEADERS} lines"
+        )
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not (parts[1].isdigit() and len(parts[1]) == 3):
+        raise AgentError(f"the agent's answer to /accept is not HTTP: {lines[0][:80]!r}")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    status = int(parts[1])
+    if status == 101 and headers.get("upgrade", "").lower() != TUNNEL_UPGRADE:
+        raise AgentError(
+            f"the agent switched /accept to {headers.get('upgrade', 'nothing')!r:.40}, not {TUNNEL_UPGRADE}"
+        )
+    if status in (101, 204):
+        return status, 0
+    length = headers.get("content-length", "")
+    return status, int(length) if length.isdigit() and len(length) < 10 else 0
+
+
 def command_text(command: str | Sequence[str]) -> str:
     """A command as one shell string: a list is quoted, never joined with bare spaces."""
     checked = check_command(command)
@@ -573,6 +627,28 @@ class AgentCalls:
     def apply_patch(self, patch: str, timeout: float = 30.0) -> Call:
         body = {"patch": patch, "timeout": timeout}
         return Call("POST", "/apply_patch", _patch_result, json=body, timeout=_http_timeout(timeout))
+
+    def listen(self, port: int) -> Call:
+        """Make the agent listen on `127.0.0.1:port` in the sandbox, for `/accept` (idempotent);
+        `Conflict` when something of the sandbox holds the port."""
+
+        def listening(response: Response) -> bool:
+            data = response.json()
+            if data.get("port") != port or data.get("listening") is not True:
+                raise AgentError(f"the agent's answer to POST /listen is not about port {port}: {data!r:.80}")
+            return bool(data.get("created"))
+
+        return Call("POST", "/listen", listening, json={"port": check_port(port)}, timeout=TUNNEL_CALL_SECONDS)
+
+    def unlisten(self, port: int) -> Call:
+        """Stop listening on `port`: new connections are refused, those waiting reset."""
+        return Call(
+            "DELETE",
+            "/listen",
+            lambda r: r.json()["closed"] is True,
+            params={"port": check_port(port)},
+            timeout=TUNNEL_CALL_SECONDS,
+        )
 
     def http(
         self,

@@ -26,7 +26,10 @@ import atexit
 import builtins
 import contextlib
 import io
+import json
+import logging
 import signal
+import socket
 import sys
 import tarfile
 import threading
@@ -41,11 +44,13 @@ import httpx
 from orchard.config import settings
 from orchard.env.archive import Download
 from orchard.env.backends import BackendConfig
-from orchard.env.backends.base import Network, SandboxSpec, check_sandbox_id, make_spec
+from orchard.env.backends.base import AgentEndpoint, Network, SandboxSpec, check_sandbox_id, make_spec
 from orchard.env.calls import (
     ARCHIVE_LIMIT,
     HTTP_DEFAULT_MAX_BYTES,
     READ_LIMIT,
+    TUNNEL_MAX_HEAD,
+    TUNNEL_MAX_WAIT,
     AgentCalls,
     Call,
     Channel,
@@ -56,9 +61,12 @@ from orchard.env.calls import (
     ServiceCalls,
     ServiceSandboxes,
     asend,
+    check_port,
     command_text,
     http_content,
     send,
+    tunnel_answer,
+    tunnel_request,
 )
 from orchard.env.discovery import local_service_key
 from orchard.env.manager import SandboxInfo, SandboxManager, agent_http, async_agent_http
@@ -73,8 +81,8 @@ from orchard.env.pty import (
     Terminal,
     init_frame,
 )
-from orchard.env.transport import AsyncAgentChannel, AsyncHttpxChannel, HttpxChannel
-from orchard.errors import ConfigError, InvalidRequest, SandboxError
+from orchard.env.transport import AgentChannel, AsyncAgentChannel, AsyncHttpxChannel, HttpxChannel, connect_agent
+from orchard.errors import AgentError, ConfigError, Conflict, InvalidRequest, OrchardError, SandboxError
 from orchard.store import Store
 
 __all__ = [
@@ -82,6 +90,7 @@ __all__ = [
     "AsyncSandbox",
     "Client",
     "ExecResult",
+    "Exposure",
     "FileInfo",
     "HttpAnswer",
     "PatchResult",
@@ -92,6 +101,17 @@ _open_clients: weakref.WeakSet = weakref.WeakSet()
 
 DEFAULT_EXEC_TIMEOUT = 300.0
 """Seconds a command may run unless told otherwise (the service API's default too)."""
+EXPOSE_ACCEPTORS = 4
+"""`/accept` calls kept waiting in the agent at once: connections made together are taken together."""
+EXPOSE_MAX_CONNECTIONS = 64
+EXPOSE_IDLE_SECONDS = 300.0
+EXPOSE_WAIT_SECONDS = 30.0
+"""How long one `/accept` waits in the agent before the host asks again."""
+EXPOSE_CONNECT_SECONDS = 10.0
+"""The most a connect to the target may take."""
+EXPOSE_CHUNK = 256 * 1024
+EXPOSE_REFUSAL = 64 * 1024
+"""Bytes read of the agent's answer when it refuses an `/accept`."""
 
 
 class Sandbox:
@@ -114,6 +134,7 @@ class Sandbox:
         self._owns_http = owns_http
         self._frames = frames
         self._deleted = False
+        self._exposures = _Exposures()
 
     def exec(
         self,
@@ -239,10 +260,40 @@ class Sandbox:
             raise
         return Terminal(frames)
 
+    def expose(
+        self,
+        port: int,
+        target: tuple[str, int],
+        *,
+        max_connections: int = EXPOSE_MAX_CONNECTIONS,
+        idle_timeout: float = EXPOSE_IDLE_SECONDS,
+    ) -> Exposure:
+        """Make `127.0.0.1:port` inside the sandbox reach `target`, a `(host, port)` of this host.
+
+        A process in the sandbox connects to `127.0.0.1:port` (an agent CLI calling a model
+        server of this host, say `orchard proxy`) and its bytes arrive at `target`, sent from
+        this host, while the sandbox's network stays `blocked`: the exec agent carries them (see
+        `Exposure` for how, and for what the sandbox cannot make the host do). At most
+        `max_connections` at once, each ended after `idle_timeout` seconds without a byte.
+        Returns the open `Exposure`: close it, or use `with`; deleting the sandbox closes it too.
+        `Conflict` when something in the sandbox holds the port. Needs a direct client (embedded,
+        on Docker or Kubernetes); a sandbox of an `orchard up` service cannot, for now.
+        """
+        if self._deleted:
+            raise SandboxError(f"sandbox {self.id} was deleted")
+        if not isinstance(self._http, AgentChannel):
+            raise ConfigError(_EXPOSE_NEEDS_AGENT)
+        endpoint = self._http.endpoint
+        return self._exposures.open(
+            port,
+            lambda: Exposure(endpoint, port, target, max_connections=max_connections, idle_timeout=idle_timeout),
+        )
+
     def delete(self) -> None:
-        """Delete the sandbox; idempotent (a failed delete may be retried)."""
+        """Delete the sandbox, after closing what it exposes; idempotent (a failed delete may be retried)."""
         if self._deleted:
             return
+        self._exposures.close()
         self._on_delete(self.id)
         self._deleted = True
         if self._owns_http:
@@ -282,6 +333,7 @@ class AsyncSandbox:
         self._owns_http = owns_http
         self._frames = frames
         self._deleted = False
+        self._exposures = _Exposures()
 
     async def exec(
         self,
@@ -381,10 +433,36 @@ class AsyncSandbox:
             raise
         return AsyncTerminal(frames)
 
+    async def expose(
+        self,
+        port: int,
+        target: tuple[str, int],
+        *,
+        max_connections: int = EXPOSE_MAX_CONNECTIONS,
+        idle_timeout: float = EXPOSE_IDLE_SECONDS,
+    ) -> Exposure:
+        """Make `127.0.0.1:port` inside the sandbox reach `target` of this host (see `Sandbox.expose`).
+
+        The `Exposure` runs in threads of its own, not on the event loop; its `close()` blocks
+        briefly (one call to the agent), so call it through `asyncio.to_thread` where that matters.
+        """
+        if self._deleted:
+            raise SandboxError(f"sandbox {self.id} was deleted")
+        if not isinstance(self._http, AsyncAgentChannel):
+            raise ConfigError(_EXPOSE_NEEDS_AGENT)
+        endpoint = self._http.endpoint
+        return await asyncio.to_thread(
+            self._exposures.open,
+            port,
+            lambda: Exposure(endpoint, port, target, max_connections=max_connections, idle_timeout=idle_timeout),
+        )
+
     async def delete(self) -> None:
-        """Delete the sandbox; idempotent (a failed delete may be retried)."""
+        """Delete the sandbox, after closing what it exposes; idempotent (a failed delete may be retried)."""
         if self._deleted:
             return
+        if self._exposures:
+            await asyncio.to_thread(self._exposures.close)
         await self._on_delete(self.id)
         self._deleted = True
         if self._owns_http:
@@ -403,6 +481,350 @@ class AsyncSandbox:
 
     def __repr__(self) -> str:
         return f"<AsyncSandbox {self.id} {self.image}{' deleted' if self._deleted else ''}>"
+
+
+# -- a port of the host inside the sandbox (Sandbox.expose) ------------------------------
+
+log = logging.getLogger("orchard.env.expose")
+
+
+def _target(target: Any) -> tuple[str, int]:
+    if not (isinstance(target, tuple) and len(target) == 2 and isinstance(target[0], str) and target[0]):
+        raise InvalidRequest(f"target must be a (host, port) pair of this host, not {target!r:.80}")
+    return target[0], check_port(target[1], "the target's port")
+
+
+class _Pair:
+    """One connection of the sandbox carried to the target: its two sockets, and when a byte last moved."""
+
+    __slots__ = ("agent", "last", "target")
+
+    def __init__(self, agent: socket.socket):
+        self.agent = agent
+        self.target: socket.socket | None = None
+        self.last = time.monotonic()
+
+    def shut(self) -> None:
+        """End both directions now (the threads blocked on either socket wake up)."""
+        for sock in (self.agent, self.target):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+class Exposure:
+    """A port of a sandbox's loopback whose connections are carried to one address of this host.
+
+    Made by `Sandbox.expose(port, target)`. The agent listens on `127.0.0.1:port` in the sandbox
+    (`POST /listen`); the host keeps `EXPOSE_ACCEPTORS` upgraded `POST /accept` calls waiting
+    there, and each connection a process of the sandbox makes comes back on one of them, raw.
+    The host then connects to `target` and splices the bytes both ways until both ends are done
+    (a half-close is passed on). The network of the sandbox stays as it is (`blocked` is fine):
+    the host connects to the agent, never the reverse.
+
+    The sandbox is hostile, its agent included, and it can make the host do nothing else:
+
+    * the host connects to `target` only: no answer of the agent names an address, and none is
+      read from one (what the sandbox sends is bytes for the target, which must take them as
+      hostile input: they are a sandbox's requests);
+    * at most `max_connections` connections at once (waiting `/accept` calls included: the
+      host asks for no more while that many are open), each ended after `idle_timeout` seconds
+      without a byte either way;
+    * what the agent answers to `/accept` is bounded (`TUNNEL_MAX_HEAD`) and checked; an answer
+      that is not one, or a failure, is logged once (a warning, no traceback) and the call is
+      asked again after a pause that doubles up to 5 s (an agent answering at once cannot make
+      the host spin).
+
+    `close()` (or the end of a `with` block, or deleting the sandbox) stops listening in the
+    sandbox (new connections are refused there) and ends every carried connection.
+    """
+
+    def __init__(
+        self,
+        endpoint: AgentEndpoint,
+        port: int,
+        target: tuple[str, int],
+        *,
+        max_connections: int = EXPOSE_MAX_CONNECTIONS,
+        idle_timeout: float = EXPOSE_IDLE_SECONDS,
+        wait: float = EXPOSE_WAIT_SECONDS,
+    ):
+        self.port, self.target = check_port(port), _target(target)
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+            raise InvalidRequest(f"max_connections must be a positive integer, not {max_connections!r:.40}")
+        if not (isinstance(idle_timeout, int | float) and idle_timeout > 0):
+            raise InvalidRequest(f"idle_timeout must be a positive number of seconds, not {idle_timeout!r:.40}")
+        if not (isinstance(wait, int | float) and 0 < wait <= TUNNEL_MAX_WAIT):
+            raise InvalidRequest(f"wait must be a number of seconds above 0, at most {TUNNEL_MAX_WAIT:g}")
+        self.max_connections, self.idle_timeout, self.wait = max_connections, float(idle_timeout), float(wait)
+        self.carried = 0
+        """Connections of the sandbox carried to the target so far."""
+        self._endpoint, self._auth = endpoint, f"Bearer {endpoint.token}"
+        self._channel = AgentChannel(endpoint)
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._waiting: set[socket.socket] = set()
+        self._pairs: set[_Pair] = set()
+        self._threads: set[threading.Thread] = set()
+        self._logged: set[str] = set()
+        try:
+            send(self._channel, AgentCalls().listen(self.port))
+        except BaseException:
+            self._channel.close()
+            raise
+        for _ in range(min(EXPOSE_ACCEPTORS, max_connections)):
+            self._start(self._accept_loop)
+        self._start(self._reap_idle)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    @property
+    def active(self) -> int:
+        """Connections of the sandbox carried right now."""
+        with self._lock:
+            return len(self._pairs)
+
+    def close(self) -> None:
+        """Stop listening in the sandbox and end every carried connection; idempotent."""
+        with self._lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+        with contextlib.suppress(OrchardError, OSError):
+            send(self._channel, AgentCalls().unlisten(self.port))  # wakes the waiting /accept calls too
+        self._channel.close()
+        with self._lock:
+            waiting, pairs, threads = list(self._waiting), list(self._pairs), list(self._threads)
+        for sock in waiting:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        for pair in pairs:
+            pair.shut()
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(EXPOSE_CONNECT_SECONDS)
+
+    def __enter__(self) -> Exposure:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self.active} open"
+        return f"<Exposure sandbox 127.0.0.1:{self.port} -> {self.target[0]}:{self.target[1]} {state}>"
+
+    # the threads ----------------------------------------------------------------------
+
+    def _start(self, run: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=self._run, args=(run, *args), name=f"orchard-expose-{self.port}", daemon=True)
+        with self._lock:
+            self._threads.add(thread)
+        thread.start()
+
+    def _run(self, run: Callable[..., None], *args: Any) -> None:
+        try:
+            run(*args)
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+
+    def _accept_loop(self) -> None:
+        """Keep one `/accept` waiting in the agent while there is room; hand each tunnel to a pair."""
+        sock: socket.socket | None = None
+        failures = 0
+        try:
+            while not self._closed.is_set():
+                if not self._slots.acquire(timeout=1.0):
+                    continue  # at the bound: wait for a connection to end
+                try:
+                    if sock is None:
+                        sock = self._connect()
+                    first = self._ask(sock)
+                except (OSError, ValueError, OrchardError) as exc:
+                    self._slots.release()
+                    self._forget(sock)
+                    sock = None
+                    failures += 1
+                    self._trouble("agent", f"the sandbox's agent failed an /accept: {exc}")
+                    self._closed.wait(min(0.1 * 2 ** (failures - 1), 5.0))
+                    continue
+                failures = 0
+                if first is None:  # nothing came in time: ask again on the same connection
+                    self._slots.release()
+                    continue
+                self._forget(sock, close=False)
+                self._start(self._carry_pair, sock, first)
+                sock = None
+        finally:
+            self._forget(sock)
+
+    def _connect(self) -> socket.socket:
+        sock = connect_agent(self._endpoint, EXPOSE_CONNECT_SECONDS)
+        with self._lock:
+            if self._closed.is_set():
+                sock.close()
+                raise AgentError("the exposure is closed")
+            self._waiting.add(sock)
+        return sock
+
+    def _forget(self, sock: socket.socket | None, close: bool = True) -> None:
+        """Stop tracking a connection waiting on `/accept` (and close it, unless it became a tunnel)."""
+        if sock is not None:
+            with self._lock:
+                self._waiting.discard(sock)
+            if close:
+                sock.close()
+
+    def _ask(self, sock: socket.socket) -> bytes | None:
+        """One `/accept`: the tunnel's first bytes (maybe none) once it is open, None if no
+        connection came in time; AgentError for an answer that is neither."""
+        started = time.monotonic()
+        sock.settimeout(self.wait + EXPOSE_CONNECT_SECONDS)
+        sock.sendall(tunnel_request(self.port, self.wait, self._auth))
+        head, rest = _read_head(sock)
+        status, length = tunnel_answer(head)
+        if status == 101:
+            return rest
+        if status == 204:
+            if rest:
+                raise AgentError("the agent sent bytes after answering /accept with 204")
+            if time.monotonic() - started < self.wait / 2:
+                raise AgentError(f"the agent answered /accept with 204 before its {self.wait:g} s wait was over")
+            return None
+        body = rest[: min(length, EXPOSE_REFUSAL)]
+        with contextlib.suppress(OSError):
+            while len(body) < min(length, EXPOSE_REFUSAL) and (chunk := sock.recv(EXPOSE_REFUSAL)):
+                body += chunk
+        try:
+            message = json.loads(body)["error"]
+        except (ValueError, KeyError, TypeError):
+            message = body[:200].decode("utf-8", "replace")
+        raise AgentError(f"HTTP {status}: {str(message)[:200]}")
+
+    def _carry_pair(self, agent: socket.socket, first: bytes) -> None:
+        """Connect to the target and splice it with the tunnel until both ends are done."""
+        pair = _Pair(agent)
+        try:
+            with self._lock:
+                if self._closed.is_set():
+                    return
+                self._pairs.add(pair)
+                self.carried += 1
+            try:
+                target = socket.create_connection(self.target, timeout=EXPOSE_CONNECT_SECONDS)
+            except OSError as exc:
+                self._trouble("target", f"cannot connect to {self.target[0]}:{self.target[1]}: {exc}")
+                return
+            pair.target = target
+            target.settimeout(None)
+            target.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            agent.settimeout(None)
+            if self._closed.is_set():
+                return
+            back = threading.Thread(target=_carry, args=(target, agent, pair), name="orchard-expose-back", daemon=True)
+            back.start()
+            _carry(agent, target, pair, first)
+            back.join()
+        finally:
+            with self._lock:
+                self._pairs.discard(pair)
+            for sock in (agent, pair.target):
+                if sock is not None:
+                    sock.close()
+            self._slots.release()
+
+    def _reap_idle(self) -> None:
+        """End the connections idle for `idle_timeout` (a peer that never reads is idle too)."""
+        period = min(self.idle_timeout / 10, 5.0)
+        while not self._closed.wait(period):
+            now = time.monotonic()
+            with self._lock:
+                idle = [pair for pair in self._pairs if now - pair.last >= self.idle_timeout]
+            for pair in idle:
+                pair.shut()
+
+    def _trouble(self, kind: str, message: str) -> None:
+        """Log a kind of failure once (a warning, no traceback); nothing once closed."""
+        with self._lock:
+            if self._closed.is_set() or kind in self._logged:
+                return
+            self._logged.add(kind)
+        log.warning("sandbox port %d -> %s:%d: %s", self.port, *self.target, message)
+
+
+_EXPOSE_NEEDS_AGENT = (
+    "expose needs a direct client (Client() embedded, on Docker or Kubernetes): "
+    "a sandbox of an `orchard up` service cannot expose a port of this host"
+)
+
+
+class _Exposures:
+    """The open exposures of one sandbox handle, closed with it. A port is exposed once at a time:
+    two exposures would share the agent's listener, and closing either would end both."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ports: dict[int, Exposure | None] = {}
+        """Exposures by port; None while one is being made."""
+
+    def open(self, port: int, make: Callable[[], Exposure]) -> Exposure:
+        """`make()` the exposure of `port`, unless that port is exposed already (`Conflict`)."""
+        with self._lock:
+            if port in self._ports and not getattr(self._ports[port], "closed", False):
+                raise Conflict(f"port {port} of the sandbox is exposed already; close that exposure first")
+            self._ports[port] = None
+        try:
+            exposure = make()
+        except BaseException:
+            with self._lock:
+                self._ports.pop(port, None)
+            raise
+        with self._lock:
+            self._ports[port] = exposure
+        return exposure
+
+    def __bool__(self) -> bool:
+        return bool(self._ports)
+
+    def close(self) -> None:
+        with self._lock:
+            exposures, self._ports = list(self._ports.values()), {}
+        for exposure in exposures:
+            if exposure is not None:
+                exposure.close()
+
+
+def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
+    """The head of the agent's answer (to its blank line, bounded) and the bytes read past it."""
+    data = bytearray()
+    start = 0
+    while (end := data.find(b"\r\n\r\n", start)) < 0:
+        if len(data) > TUNNEL_MAX_HEAD:
+            raise AgentError(f"the agent's answer to /accept has a head over {TUNNEL_MAX_HEAD} bytes")
+        start = max(len(data) - 3, 0)
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise AgentError("the agent closed the connection before answering /accept")
+        data += chunk
+    return bytes(data[:end]), bytes(data[end + 4 :])
+
+
+def _carry(source: socket.socket, dest: socket.socket, pair: _Pair, first: bytes = b"") -> None:
+    """One direction of a pair: what `source` sends, to `dest`; at its end `dest` is shut for
+    writing (a half-close passed on); a broken socket ends both directions."""
+    try:
+        if first:
+            dest.sendall(first)
+        while chunk := source.recv(EXPOSE_CHUNK):
+            pair.last = time.monotonic()
+            dest.sendall(chunk)
+        dest.shutdown(socket.SHUT_WR)
+    except OSError:
+        pair.shut()
 
 
 # -- the core both clients run -----------------------------------------------------------

@@ -198,16 +198,23 @@ def _address(endpoint: AgentEndpoint) -> tuple[str, int, str]:
     return url.hostname or "agent", url.port or 80, f"Bearer {endpoint.token}"
 
 
+def connect_agent(endpoint: AgentEndpoint, timeout: float | None) -> socket.socket:
+    """A socket connected to an agent: its Unix socket (see `unix_socket_path`), else its TCP
+    address (the connect bounded by CONNECT_SECONDS, the socket tuned by `tune_tcp`)."""
+    if endpoint.uds:
+        return connect_unix(endpoint.uds, timeout)
+    host, port, _ = _address(endpoint)
+    connect = CONNECT_SECONDS if timeout is None else min(timeout, CONNECT_SECONDS)
+    sock = socket.create_connection((host, port), timeout=connect)
+    tune_tcp(sock)
+    return sock
+
+
 class _Connection:
     """One keep-alive socket to the agent, with a buffered reader."""
 
     def __init__(self, endpoint: AgentEndpoint, host: str, port: int, timeout: float | None):
-        if endpoint.uds:
-            self.sock = connect_unix(endpoint.uds, timeout)
-        else:
-            connect = CONNECT_SECONDS if timeout is None else min(timeout, CONNECT_SECONDS)
-            self.sock = socket.create_connection((host, port), timeout=connect)
-            tune_tcp(self.sock)
+        self.sock = connect_agent(endpoint, timeout)
         self.reader = self.sock.makefile("rb")
 
     def exchange(self, message: bytes, call: Call, timeout: float | None) -> Answer:

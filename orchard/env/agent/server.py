@@ -119,6 +119,28 @@ limit 413 (JSON bodies 256 MiB, uploads 1 GiB; a command 16 MiB). Relative paths
     listening: 502 ``nothing listens on 127.0.0.1:PORT in the sandbox``; no full answer in time:
     504; an answer that is not HTTP (or a head over the bounds, or cut short): 502 naming it.
 
+``POST /listen``
+    Body ``{"port": int (1 to 65535)}``: the agent listens on ``127.0.0.1:port`` in the sandbox
+    for the host, which takes each connection made there with ``/accept`` (and carries it to an
+    address of its own choosing: ``Sandbox.expose``). Idempotent: ``{"port", "listening": true,
+    "created": bool}`` (false when it listened already). Something else of the sandbox holds the
+    port: 409; at most 64 ports (429). Connections wait in the kernel's accept queue, at most 64
+    (past that the kernel answers no more and the client's connect retries), until an
+    ``/accept`` takes them; the agent never accepts one on the host's behalf.
+    ``DELETE /listen?port=P`` stops listening: new connections are refused, queued ones reset,
+    waiting ``/accept`` calls answered 404; ``{"port", "closed": bool}``.
+
+``POST /accept`` with ``Connection: Upgrade`` and ``Upgrade: orchard-tunnel``
+    Body ``{"port": int, "timeout": number|null (default 30, at most 600)}``: waits up to
+    ``timeout`` seconds for a connection to the listened port. One came: ``101 Switching
+    Protocols``, then the raw bytes of that connection both ways until both ends are done (an
+    end that half-closes is passed on as ``shutdown(SHUT_WR)``; a broken side ends both). None
+    came: ``204 No Content`` (no body, the connection stays open for the next ``/accept``).
+    The host sends nothing after its request until it has read the answer; a host that hangs up
+    while it waits takes no connection. The port is not listened on (or stops being while the
+    call waits): 404. The agent connects nowhere for this: it only hands over what was made to
+    the port, and the body names no address.
+
 ``POST /pty`` with ``Connection: Upgrade`` and ``Upgrade: orchard-pty``
     An interactive terminal. Answered ``101 Switching Protocols``; from then on both sides send
     one JSON frame per line, the frames of the service's WebSocket PTY route: the client's first
@@ -152,6 +174,10 @@ agent's user can, read and write any file it can reach. It does not isolate comm
 other or from itself, and it offers no confidentiality on TCP (no TLS): the sandbox (container,
 network policy) is the security boundary, and a TCP port must only be published on loopback or
 a trusted network.
+A port listened on for the host (``/listen``) is open to every process of the sandbox, as any
+port of its loopback is, and what they send there reaches whatever the host carries it to; the
+agent never connects anywhere for it, and nothing it answers names an address: the host decides
+where the bytes go (``Sandbox.expose``).
 """
 
 from __future__ import annotations
@@ -178,7 +204,7 @@ import threading
 import time
 import urllib.parse
 from _operator import _compare_digest  # hmac's, without loading libcrypto
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 try:  # the builtin SHA-256, without hashlib's libcrypto (Python 3.12 merged it into _sha2)
     from _sha2 import sha256 as _sha256
@@ -240,6 +266,8 @@ ROUTES: dict[str, dict[str, str]] = {
     "/shell": {"POST": "route_shell", "DELETE": "route_close_shell"},
     "/pty": {"POST": "route_pty"},
     "/http": {"POST": "route_http"},
+    "/listen": {"POST": "route_listen", "DELETE": "route_unlisten"},
+    "/accept": {"POST": "route_accept"},
 }
 EXEC_FIELDS = frozenset({"command", "cwd", "env", "timeout", "login_shell", "max_output", "stdin"})
 SHELL_FIELDS = frozenset({"command", "session", "timeout", "max_output"})
@@ -254,6 +282,7 @@ REASONS = {
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    409: "Conflict",
     411: "Length Required",
     413: "Content Too Large",
     414: "URI Too Long",
@@ -281,6 +310,16 @@ HTTP_MAX_HEAD_BYTES = 64 * 1024
 HTTP_MAX_ANSWER_HEADERS = 200
 HTTP_MAX_INTERIM = 16  # 1xx answers (100 Continue, 103 Early Hints) skipped before the real one
 HTTP_RECV = 256 * 1024
+TUNNEL_UPGRADE = "orchard-tunnel"
+LISTEN_FIELDS = frozenset({"port"})
+ACCEPT_FIELDS = frozenset({"port", "timeout"})
+TUNNEL_BACKLOG = 64
+"""Connections to a listened port that may wait for the host's ``/accept`` (the kernel's accept queue)."""
+MAX_LISTENERS = 64
+TUNNEL_DEFAULT_WAIT = 30.0
+TUNNEL_MAX_WAIT = 600.0
+TUNNEL_POLL_S = 1.0  # a waiting /accept looks at its listener's state at least this often
+TUNNEL_CHUNK = 256 * 1024
 PTY_UPGRADE = "orchard-pty"
 PTY_INIT_FIELDS = frozenset({"type", "cmd", "env", "cwd", "rows", "cols", "login_shell"})
 PTY_INIT_TIMEOUT_S = 10.0
@@ -390,6 +429,8 @@ class AgentConfig:
         self.sessions_lock = threading.Lock()
         self._private: str | None = None
         self._private_lock = threading.Lock()
+        self.listeners: dict[int, Listener] = {}
+        self.listeners_lock = threading.Lock()
 
     def session(self, name: str) -> ShellSession:
         """The persistent shell called ``name``, started on first use."""
@@ -409,6 +450,40 @@ class AgentConfig:
                 return False
             del self.sessions[name]
         session.kill()
+        return True
+
+    def listen(self, port: int) -> bool:
+        """Listen on ``127.0.0.1:port`` for the host (see ``Listener``); False if it already does.
+
+        409 when something else of the sandbox holds the port, 429 past ``MAX_LISTENERS``.
+        """
+        with self.listeners_lock:
+            if port in self.listeners:
+                return False
+            if len(self.listeners) >= MAX_LISTENERS:
+                raise ApiError(429, f"at most {MAX_LISTENERS} listened ports; close one (DELETE /listen)")
+            try:
+                self.listeners[port] = Listener(port)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                raise ApiError(409, f"127.0.0.1:{port} is taken in the sandbox") from None
+            return True
+
+    def listener(self, port: int) -> Listener:
+        with self.listeners_lock:
+            listener = self.listeners.get(port)
+        if listener is None:
+            raise ApiError(404, f"the agent does not listen on 127.0.0.1:{port} (POST /listen first)")
+        return listener
+
+    def unlisten(self, port: int) -> bool:
+        """Stop listening on ``port`` (see ``Listener.close``); False if it did not."""
+        with self.listeners_lock:
+            listener = self.listeners.pop(port, None)
+        if listener is None:
+            return False
+        listener.close()
         return True
 
     def private_folder(self) -> str:
@@ -1537,6 +1612,134 @@ def read_chunked(upstream: Upstream, limit: int) -> tuple[bytes, bool]:
     return bytes(body), False
 
 
+# -- connections from the sandbox carried to the host (POST /listen, POST /accept) ----------
+
+
+class Listener:
+    """A port of the sandbox's loopback that the host listens on through the agent (``POST /listen``).
+
+    Connections made to it wait in the kernel's accept queue (at most ``TUNNEL_BACKLOG``; past
+    that the kernel answers no more, and the client's connect retries) until an ``/accept`` of
+    the host takes one. Nothing is accepted on the host's behalf when it is not asking, so no
+    connection of the sandbox waits in the agent. ``close`` (``DELETE /listen``) shuts the
+    socket down first, which refuses new connections, resets those queued and wakes every
+    waiting ``/accept``; the descriptor is closed once the last of them has left it, so none
+    waits on a number the system has given to another file.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT; never a 2nd listener
+            self.sock.bind(("127.0.0.1", port))
+            self.sock.listen(TUNNEL_BACKLOG)
+            self.sock.setblocking(False)
+        except BaseException:
+            self.sock.close()
+            raise
+        self.lock = threading.Lock()
+        self.closed = False
+        self.users = 0
+
+    def accept(self, caller: socket.socket, deadline: float) -> socket.socket | None:
+        """The next connection made to the port, or None when none came by ``deadline``.
+
+        ``caller`` is the host's connection: when it becomes readable (the host hung up; it
+        sends nothing while it waits) the wait ends with ConnectionResetError, and no
+        connection is taken for a host that is gone. 404 once the listener is closed.
+        """
+        with self.lock:
+            if self.closed:
+                raise self.not_listening()
+            self.users += 1
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self.sock, selectors.EVENT_READ)
+                selector.register(caller, selectors.EVENT_READ)
+                while not self.closed:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    events = selector.select(min(remaining, TUNNEL_POLL_S))
+                    if any(key.fileobj is caller for key, _ in events):
+                        raise ConnectionResetError("the host hung up while waiting for a connection")
+                    if self.closed or not events:
+                        continue
+                    try:
+                        conn, _ = self.sock.accept()
+                    except BlockingIOError:  # another /accept took it first
+                        continue
+                    except OSError:
+                        if self.closed:
+                            break
+                        raise
+                    conn.setblocking(True)
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    return conn
+                raise self.not_listening()
+        finally:
+            self.release()
+
+    def not_listening(self) -> ApiError:
+        return ApiError(404, f"the agent does not listen on 127.0.0.1:{self.port} (POST /listen first)")
+
+    def release(self) -> None:
+        with self.lock:
+            self.users -= 1
+            last = self.closed and not self.users
+        if last:
+            self.sock.close()
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            idle = not self.users
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # refuses new connections, wakes the waiters
+        if idle:
+            self.sock.close()
+
+
+def tunnel_wait(data: dict[str, object]) -> float:
+    wait = field_timeout(data)
+    if wait is None:
+        return TUNNEL_DEFAULT_WAIT
+    if wait > TUNNEL_MAX_WAIT:
+        raise ApiError(400, f"timeout must be at most {TUNNEL_MAX_WAIT:g} seconds")
+    return wait
+
+
+def splice(host: socket.socket, host_reader: io.BufferedIOBase, sandbox: socket.socket) -> None:
+    """Bytes both ways between the host's connection and one of the sandbox, until both ends are done.
+
+    The end of one direction (EOF) is passed on as ``shutdown(SHUT_WR)``, so a client that
+    half-closes still gets its answer; a broken connection ends both directions. The host's
+    side is read through its buffered reader, which may already hold the first bytes.
+    """
+    back = threading.Thread(target=carry, args=(sandbox.recv, host, sandbox), name="tunnel-back", daemon=True)
+    back.start()
+    try:
+        carry(host_reader.read1, sandbox, host)
+    finally:
+        back.join()
+        sandbox.close()
+
+
+def carry(read: Callable[[int], bytes], dest: socket.socket, source: socket.socket) -> None:
+    """One direction of ``splice``: what ``read`` gives, to ``dest``; at EOF, ``dest`` is shut for writing."""
+    try:
+        while chunk := read(TUNNEL_CHUNK):
+            dest.sendall(chunk)
+        dest.shutdown(socket.SHUT_WR)
+    except OSError:  # one side broke: end the other direction too
+        for sock in (dest, source):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
 # -- HTTP ----------------------------------------------------------------------------------
 
 
@@ -1913,6 +2116,36 @@ class AgentHandler(socketserver.StreamRequestHandler):
 
     def route_http(self) -> None:
         self.send_json(200, call_service(HttpRequest(self.read_json(HTTP_FIELDS))))
+
+    def route_listen(self) -> None:
+        port = http_port(self.read_json(LISTEN_FIELDS))
+        created = self.server.agent.listen(port)
+        self.send_json(200, {"port": port, "listening": True, "created": created})
+
+    def route_unlisten(self) -> None:
+        raw = self.param("port") or ""
+        port = http_port({"port": int(raw) if raw.isdigit() and len(raw) < 6 else None})
+        self.send_json(200, {"port": port, "closed": self.server.agent.unlisten(port)})
+
+    def route_accept(self) -> None:
+        if (self.headers.get("Upgrade") or "").lower() != TUNNEL_UPGRADE:
+            raise ApiError(400, f"a tunnel needs the headers 'Connection: Upgrade' and 'Upgrade: {TUNNEL_UPGRADE}'")
+        data = self.read_json(ACCEPT_FIELDS)
+        port, wait = http_port(data), tunnel_wait(data)
+        conn = self.server.agent.listener(port).accept(self.connection, time.monotonic() + wait)
+        self._responded = True
+        if conn is None:  # no body, no Content-Length (RFC 9110): the connection stays open for the next
+            self.wfile.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+            return
+        self.close_connection = True
+        try:
+            self.wfile.write(
+                f"HTTP/1.1 101 Switching Protocols\r\nUpgrade: {TUNNEL_UPGRADE}\r\nConnection: Upgrade\r\n\r\n".encode()
+            )
+        except OSError:
+            conn.close()
+            raise
+        splice(self.connection, self.rfile, conn)
 
 
 class Terminal:
