@@ -1,9 +1,9 @@
 """Harnesses (the interface a model works through), models, and the agent loop.
 
-Five harnesses ship: for software tasks `bash` (one fenced shell command per turn), `tools`
+Six harnesses ship: for software tasks `bash` (one fenced shell command per turn), `tools`
 (function calling with a file editor), `cli` (a coding CLI's tools, ending on a plain-text
 answer); for assistant tasks (`claw`) `functions` (each service endpoint a tool) and `assistant`
-(shell, files, HTTP by URL, memory). `HARNESSES` names
+(shell, files, HTTP by URL, memory) and `react` (a text protocol, no tool schemas). `HARNESSES` names
 them; your own is a class with the `Harness` methods, named as `path/to/file.py:ClassName` or
 `module:Class` wherever a harness name is accepted; `examples/custom_harness.py` shows one.
 """
@@ -24,6 +24,7 @@ HARNESSES: dict[str, str] = {
     "cli": "orchard.agents.cli:CliHarness",
     "functions": "orchard.claw.harnesses:FunctionsHarness",
     "assistant": "orchard.claw.harnesses:AssistantHarness",
+    "react": "orchard.claw.harnesses:ReactHarness",
 }
 """The harnesses that ship, by name: `name -> "module:Class"`."""
 

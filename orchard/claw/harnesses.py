@@ -1,4 +1,4 @@
-"""Two harnesses for personal-assistant tasks (the `claw` kind), with really different interfaces.
+"""Three harnesses for personal-assistant tasks (the `claw` kind), with really different interfaces.
 
 * `functions` (Claw-Eval's way): every endpoint of the task's services is a function tool of its
   own (`mail_send`, `calendar_list`, ...); the model sees the tools, never the endpoints. A reply
@@ -7,6 +7,8 @@
   `read_file`, `write_file`, `http_request` (to the services by URL, as their short reference in
   the system prompt gives them) and `memory` (notes kept across its turns, in MEMORY.md); a reply
   without a tool call is again the message to the user.
+* `react` (ReAct's text protocol): no function calling at all; the tools are described in the
+  system prompt, and each reply is one `Action:` with its `Action Input:` JSON, or a `Final Answer:`.
 
 Both reach the services inside the sandbox through the exec agent (`Sandbox.http`), never through
 a host port. Both read the task's public view at `system_prompt`, which the loop asks for first:
@@ -17,6 +19,7 @@ serves it: a task's services may listen on several ports), the user's `address` 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -24,6 +27,7 @@ from urllib.parse import urlsplit
 from orchard.agents.base import (
     Action,
     FormatError,
+    Message,
     Reply,
     Step,
     ToolCall,
@@ -54,6 +58,16 @@ def _function(name: str, description: str, parameters: dict[str, Any]) -> dict[s
 
 def _answer_text(status: int, body: str) -> str:
     return clip(body) if status < 400 else f"Error (HTTP {status}): {clip(body, 2000)}"
+
+
+def _call_tool(tool: dict[str, Any], arguments: dict[str, Any], box: Sandbox) -> str:
+    """A tool's call: its arguments as the JSON body to its URL on the sandbox's loopback."""
+    port, path = _local(tool["url"])
+    try:
+        answer = box.http(path, port=port, method=tool.get("method", "POST"), json=arguments, timeout=CALL_SECONDS)
+    except OrchardError as exc:
+        return f"Error: the service could not be reached: {exc}"
+    return _answer_text(answer.status, answer.text)
 
 
 class FunctionsHarness(ToolCalling):
@@ -91,15 +105,7 @@ class FunctionsHarness(ToolCalling):
         return actions
 
     def execute(self, action: Action, box: Sandbox, workdir: str) -> str:
-        tool = self._tools[action.name]
-        port, path = _local(tool["url"])
-        try:
-            answer = box.http(
-                path, port=port, method=tool.get("method", "POST"), json=action.arguments, timeout=CALL_SECONDS
-            )
-        except OrchardError as exc:
-            return f"Error: the service could not be reached: {exc}"
-        return _answer_text(answer.status, answer.text)
+        return _call_tool(self._tools[action.name], action.arguments, box)
 
     def encode(self, step: Step, index: int) -> Reply:
         if step.kind == "call":
@@ -272,3 +278,78 @@ def _local(url: str) -> tuple[int, str]:
     if parts.scheme != "http" or parts.hostname not in ("localhost", "127.0.0.1") or not parts.port:
         raise ValueError(f"{url} is not on the sandbox's loopback")
     return parts.port, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+REACT_SYSTEM = """{intro}
+
+You have no function calling. Each reply is a short thought, then either one action:
+
+Action: <tool name>
+Action Input: <the tool's arguments, one JSON object on one line>
+
+whose result comes back in the next message as `Observation: ...`, or, when you are done or need to
+ask the user something, your message to them:
+
+Final Answer: <your message>
+
+The tools:
+{tools}"""
+
+_ACTION = re.compile(r"^Action:\s*(\S+)\s*\nAction Input:\s*(.*)$", re.MULTILINE | re.DOTALL)
+_FINAL = re.compile(r"^Final Answer:\s*(.*)$", re.MULTILINE | re.DOTALL)
+
+
+class ReactHarness:
+    """`react`: a text protocol, ReAct's (`Action:` / `Action Input:` / `Final Answer:`), no tool
+    schemas in the API: the tools are described in the system prompt. A third interface, so that one
+    harness can be held out of training."""
+
+    name = "react"
+
+    def __init__(self) -> None:
+        self._tools: dict[str, dict[str, Any]] = {}
+
+    def system_prompt(self, task: dict[str, Any]) -> str:
+        self._tools = {t["name"]: t for t in task.get("tools", [])}
+        intro = SYSTEM.format(address=task.get("address", "the user"), today=task.get("now", "today"), how="")
+        intro = intro.replace("reply to the user without calling a tool", "give your Final Answer")
+        tools = "\n".join(
+            f"- {t['name']}: {t.get('description', '')} Arguments: {json.dumps(t.get('input_schema', {}).get('properties', {}))}"
+            for t in self._tools.values()
+        )
+        return REACT_SYSTEM.format(intro=intro, tools=tools)
+
+    def task_prompt(self, task: dict[str, Any]) -> str:
+        return task_text(task)
+
+    def tools(self) -> list[dict[str, Any]] | None:
+        return None
+
+    def parse(self, reply: Reply) -> list[Action]:
+        text = reply.content or ""
+        final, action = _FINAL.search(text), _ACTION.search(text)
+        if final and (not action or final.start() < action.start()):
+            return [Action("submit", {"answer": final.group(1).strip()})]
+        if not action:
+            raise FormatError("no `Action:` with an `Action Input:` line, and no `Final Answer:`")
+        name, raw = action.group(1), action.group(2).strip().splitlines()[0] if action.group(2).strip() else "{}"
+        if name not in self._tools:
+            raise FormatError(f"unknown tool {name!r}; the tools are {', '.join(self._tools)}")
+        return [Action(name, json_arguments(ToolCall("react", name, raw)))]
+
+    def execute(self, action: Action, box: Sandbox, workdir: str) -> str:
+        return _call_tool(self._tools[action.name], action.arguments, box)
+
+    def observation_messages(self, action: Action, observation: str) -> list[Message]:
+        return [{"role": "user", "content": f"Observation: {observation}"}]
+
+    def format_error_messages(self, reply: Reply, error: FormatError) -> list[Message]:
+        return [{"role": "user", "content": f"Format error: {error}"}]
+
+    def encode(self, step: Step, index: int) -> Reply:
+        thought = step.thought or "Next step."
+        if step.kind == "call":
+            return Reply(content=f"{thought}\nAction: {step.tool}\nAction Input: {json.dumps(step.arguments)}")
+        if step.kind in ("say", "submit"):
+            return Reply(content=f"{thought}\nFinal Answer: {step.content or 'Done.'}")
+        raise ConfigError(f"the react harness has no shell or files: it cannot play a {step.kind!r} step")

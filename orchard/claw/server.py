@@ -15,79 +15,91 @@ Standard library only, for the sandbox's own Python (3.9 or newer); it sits besi
 from __future__ import annotations
 
 import json
+import socketserver
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from world import World
 
 MAX_BODY = 1 << 20
+MAX_HEAD = 64 * 1024
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    411: "Length Required",
+    413: "Content Too Large",
+    422: "Unprocessable Content",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+}
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class Handler(socketserver.StreamRequestHandler):
+    """HTTP/1.1 with keep-alive, Content-Length bodies only: all its clients send (the exec agent,
+    `urllib`, `curl`). Not `http.server`, whose imports take longer than the rest of a start."""
+
     server: Server
 
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+    def handle(self) -> None:
+        while self._one():
+            pass
 
-    def _answer(self, status: int, data: object) -> None:
-        payload = json.dumps(data).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def _body(self) -> object:
-        size = int(self.headers.get("Content-Length") or 0)
-        if size > MAX_BODY:
-            raise ValueError(f"a request body holds at most {MAX_BODY} bytes")
-        raw = self.rfile.read(size) if size else b""
-        return json.loads(raw) if raw.strip() else {}
-
-    def do_GET(self) -> None:
-        path = self.path.split("?")[0].rstrip("/")
-        server = self.server
-        with server.lock:
-            if path == "/_orchard/health":
-                return self._answer(200, {"status": "ok"})
-            if path == "/_orchard/log":
-                return self._answer(200, {"calls": server.world.log, "said": server.said})
-            name, _, what = path.strip("/").partition("/")
-            if name in server.world.services and what in ("state", "audit"):
-                service = server.world.services[name]
-                return self._answer(200, service.state() if what == "state" else server.world.audit(name))
-        self._answer(404, {"error": f"no route GET {path}"})
-
-    def do_POST(self) -> None:
-        path = self.path.split("?")[0].rstrip("/")
-        server = self.server
+    def _one(self) -> bool:
+        line = self.rfile.readline(8192)
+        if not line.strip():
+            return False
         try:
-            body = self._body()
+            method, target, version = line.decode("latin-1").split()
+        except ValueError:
+            return self._answer(400, {"error": "not an HTTP request line"}, close=True)
+        headers: dict[str, str] = {}
+        size = len(line)
+        while True:
+            header = self.rfile.readline(8192)
+            size += len(header)
+            if size > MAX_HEAD:
+                return self._answer(400, {"error": "the request's head is too large"}, close=True)
+            if header in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = header.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            return self._answer(411, {"error": "send the body with a Content-Length"}, close=True)
+        length = int(headers.get("content-length") or 0) if (headers.get("content-length") or "0").isdigit() else -1
+        if not 0 <= length <= MAX_BODY:
+            return self._answer(413, {"error": f"a request body holds at most {MAX_BODY} bytes"}, close=True)
+        raw = self.rfile.read(length) if length else b""
+        close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
+        path = target.split("?")[0].rstrip("/")
+        if method == "GET":
+            status, answer = self.server.get(path)
+            return self._answer(status, answer, close)
+        if method != "POST":
+            return self._answer(404, {"error": f"no route {method} {path}"}, close)
+        try:
+            body = json.loads(raw) if raw.strip() else {}
         except ValueError as exc:
-            self.close_connection = True
-            return self._answer(400, {"error": f"the body is not JSON: {exc}"})
-        with server.lock:
-            if path == "/_orchard/reset":
-                server.reset()
-                return self._answer(200, {"status": "reset"})
-            if path == "/_orchard/say":
-                server.said.append(str(body.get("text", "")) if isinstance(body, dict) else "")
-                return self._answer(200, {"status": "ok"})
-            name, _, verb = path.strip("/").partition("/")
-            if verb == "reset" and name in server.world.services:
-                server.reset_service(name)
-                return self._answer(200, {"status": "reset"})
-            status, answer, delay = server.world.call(path, body)
+            return self._answer(400, {"error": f"the body is not JSON: {exc}"}, close=True)
+        status, answer, delay = self.server.post(path, body)
         if delay:
             time.sleep(delay)
-        self._answer(status, answer)
+        return self._answer(status, answer, close)
+
+    def _answer(self, status: int, data: object, close: bool) -> bool:
+        payload = json.dumps(data).encode()
+        head = (
+            f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n{'Connection: close' if close else 'Connection: keep-alive'}\r\n\r\n"
+        )
+        self.wfile.write(head.encode("latin-1") + payload)
+        return not close
 
 
-class Server(ThreadingHTTPServer):
+class Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
+    allow_reuse_address = True
 
     def __init__(self, setup: dict, port: int) -> None:
         super().__init__(("127.0.0.1", port), Handler)
@@ -97,6 +109,31 @@ class Server(ThreadingHTTPServer):
     def reset(self) -> None:
         self.world = World(self.setup)
         self.said: list[str] = []
+
+    def get(self, path: str) -> tuple[int, object]:
+        with self.lock:
+            if path == "/_orchard/health":
+                return 200, {"status": "ok"}
+            if path == "/_orchard/log":
+                return 200, {"calls": self.world.log, "said": self.said}
+            name, _, what = path.strip("/").partition("/")
+            if name in self.world.services and what in ("state", "audit"):
+                return 200, self.world.services[name].state() if what == "state" else self.world.audit(name)
+        return 404, {"error": f"no route GET {path}"}
+
+    def post(self, path: str, body: object) -> tuple[int, object, float]:
+        with self.lock:
+            if path == "/_orchard/reset":
+                self.reset()
+                return 200, {"status": "reset"}, 0.0
+            if path == "/_orchard/say":
+                self.said.append(str(body.get("text", "")) if isinstance(body, dict) else "")
+                return 200, {"status": "ok"}, 0.0
+            name, _, verb = path.strip("/").partition("/")
+            if verb == "reset" and name in self.world.services:
+                self.reset_service(name)
+                return 200, {"status": "reset"}, 0.0
+            return self.world.call(path, body)
 
     def reset_service(self, name: str) -> None:
         fresh = World({**self.setup, "services": {name: self.setup["services"][name]}})

@@ -169,13 +169,13 @@ class ClawTask(TaskBase):
             box.write_file(f"{HOME}/{source.name}", source.read_bytes())
         box.write_file(f"{HOME}/setup.json", json.dumps(self.setup()))
         started = box.exec(
-            f"cd {HOME} && rm -f ready && (setsid python3 server.py setup.json {PORT} ready >log 2>&1 &) && "
-            "for _ in $(seq 500); do [ -e ready ] && exit 0; sleep 0.01; done; cat log >&2; exit 1",
+            f"mkdir -p {shlex.quote(self.workdir)} && cd {HOME} && rm -f ready && "
+            f"(setsid python3 -S server.py setup.json {PORT} ready >log 2>&1 &) && "
+            "for _ in $(seq 5000); do [ -e ready ] && exit 0; sleep 0.002; done; cat log >&2; exit 1",
             timeout=30,
         )
         if not started.ok:
             raise OrchardError(f"the task's services did not start: {(started.stderr or started.error or '')[-500:]}")
-        box.exec(f"mkdir -p {shlex.quote(self.workdir)}")
         super().start(box)
 
     def respond(self, box: Sandbox, dialogue: list[dict[str, Any]]) -> str | None:
@@ -214,25 +214,26 @@ class ClawTask(TaskBase):
         ]
         return json.dumps({"calls": calls, "said": log.get("said") or []})
 
-    def gold(self) -> str:
-        endpoints = {t["name"]: t["endpoint"] for t in claw_world.tools(self.services)}
-        steps = [Step(**s) for s in self.solution]
-        calls = [
-            {"endpoint": endpoints.get(s.tool, ""), "request_body": s.arguments} for s in steps if s.kind == "call"
-        ]
-        return json.dumps({"calls": calls, "said": [s.content for s in steps if s.kind in ("say", "submit")]})
-
     def script(self, name: str) -> list[Step]:
-        """`gold` (the solution), `unsafe` (the task's forbidden act), `regress` (the solution
-        without its last call: partial work, for an unresolved trajectory with some progress)."""
+        """`gold` (the solution), `unsafe` (the task's forbidden act), `regress` (the solution cut
+        short: its calls up to the last point where it does not pass yet, its messages to the user
+        kept; partial work, an unresolved trajectory with progress in it, for credit assignment;
+        for a task whose calls only read, the solution without its answer)."""
         steps = {"gold": self.solution, "unsafe": self.unsafe, "regress": self.solution}.get(name)
         if not steps:
             return super().script(name)
         played = [Step(**step) for step in steps]
         if name == "regress":
-            last = max((i for i, s in enumerate(played) if s.kind == "call"), default=None)
-            played = [s for i, s in enumerate(played) if i != last]
+            calls = [i for i, s in enumerate(played) if s.kind == "call"]
+            for kept in range(len(calls) - 1, -1, -1):
+                cut = [s for i, s in enumerate(played) if s.kind != "call" or i in calls[:kept]]
+                if not self.grade(None, _played_submission(self, cut)).resolved:
+                    return cut
+            return [*played[:-1], Step("say", content="I could not finish this.")]  # a task of answers only
         return played
+
+    def gold(self) -> str:
+        return _played_submission(self, [Step(**s) for s in self.solution])
 
     def grade(self, client: Client | None, submission: str, image: str = "") -> Grade:
         parsed = _parse(submission)
@@ -261,6 +262,13 @@ class ClawTask(TaskBase):
 
     def progress(self, client: Client | None, submission: str, image: str = "") -> float:
         return float(self.grade(client, submission, image).checks.get("completion", 0.0))
+
+
+def _played_submission(task: ClawTask, steps: list[Step]) -> str:
+    """The submission a script's calls and messages make, worked out without a sandbox."""
+    endpoints = {t["name"]: t["endpoint"] for t in claw_world.tools(task.services)}
+    calls = [{"endpoint": endpoints.get(s.tool, ""), "request_body": s.arguments} for s in steps if s.kind == "call"]
+    return json.dumps({"calls": calls, "said": [s.content for s in steps if s.kind in ("say", "submit")]})
 
 
 def _parse(submission: str) -> tuple[list[dict[str, Any]], list[str]] | str:

@@ -1,4 +1,4 @@
-"""The training commands: `orchard train swe|value`, `orchard model tiny|smollm2`, and `orchard demo`.
+"""The training commands: `orchard train swe|claw|value`, `orchard model tiny|smollm2`, and `orchard demo`.
 
 torch, transformers and TRL are imported inside the commands, so `orchard --help` stays fast.
 """
@@ -18,7 +18,7 @@ from orchard.config import settings
 from orchard.errors import OrchardError
 
 app = group("Training, and the models it starts from.")
-train_app = group("Train: the SWE recipe end to end, or one of its stages on its own.")
+train_app = group("Train: a recipe (SWE, Claw) end to end, or one of its stages on its own.")
 model_app = group("Build models offline.")
 app.add_typer(train_app, name="train")
 app.add_typer(model_app, name="model")
@@ -33,6 +33,22 @@ def train_swe(
     """Run the SWE recipe: collect, credit assignment, SFT, RL (BAR), value model, eval; each stage a run.
 
     On several GPUs: accelerate launch --num_processes N -m orchard train swe --config FILE."""
+    _train(config)
+
+
+@command(train_app, "claw")
+def train_claw(
+    config: Annotated[
+        Path, typer.Option("--config", metavar="FILE", help="The recipe, e.g. examples/configs/claw-tiny.yaml.")
+    ],
+) -> None:
+    """Run the Claw recipe (assistant tasks): the same stages as swe, graded by score, pass@k and pass^k.
+
+    On several GPUs: accelerate launch --num_processes N -m orchard train claw --config FILE."""
+    _train(config)
+
+
+def _train(config: Path) -> None:
     import warnings
 
     from transformers.utils import logging as hf_logging
@@ -98,12 +114,13 @@ def model_smollm2(path: Annotated[Path, typer.Argument(metavar="DIR", help="An e
 
 @command(app, "demo")
 def demo(
-    tasks: Annotated[int, typer.Option(min=1, help="Example tasks to use (4 by default; 15 exist).")] = 4,
+    recipe: Annotated[str, typer.Option(help="The recipe: swe (repository issues) or claw (assistant tasks).")] = "swe",
+    tasks: Annotated[int, typer.Option(min=1, help="Example tasks to use (4 by default; swe has 15, claw 18).")] = 4,
     work_dir: Annotated[
         Path | None, typer.Option(metavar="DIR", help="Where models go (default $ORCHARD_HOME/demo).")
     ] = None,
 ) -> None:
-    """Run the whole Orchard-SWE loop on the example tasks with a tiny model, offline."""
+    """Run a recipe's whole loop (collect, credit, SFT, RL, value, eval) on its example tasks with a tiny model, offline."""
     import json
     import warnings
 
@@ -117,9 +134,12 @@ def demo(
     from orchard.train.config import SWEConfig
     from orchard.train.swe import run_swe
 
+    if recipe not in ("swe", "claw"):
+        raise OrchardError(f"no recipe {recipe!r}: the demo runs swe or claw")
     root = Path(__file__).resolve().parents[2]
     examples = root / "examples"
-    if not (examples / "tasks" / "tasks.jsonl").is_file():
+    task_file = examples / "tasks" / "tasks.jsonl" if recipe == "swe" else examples / "claw" / "tasks.json"
+    if not task_file.is_file():
         raise OrchardError(f"the demo needs a source checkout's examples/ folder, not found at {examples}")
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -127,31 +147,31 @@ def demo(
     say = lambda line: typer.echo(line, err=True)  # noqa: E731
     say("[demo] base image (built offline once)")
     images.build_base()
-    repos = settings().cache_dir / "example-repos"
-    subprocess.run(
-        [sys.executable, str(examples / "tasks" / "make_repos.py"), "--force", str(repos)],
-        check=True,
-        capture_output=True,
-    )
-    data = yaml.safe_load((examples / "configs" / "swe-tiny.yaml").read_text())
-    all_ids = [
-        json.loads(line)["instance_id"]
-        for line in (examples / "tasks" / "tasks.jsonl").read_text().splitlines()
-        if line.strip()
-    ]
+    data = yaml.safe_load((examples / "configs" / f"{recipe}-tiny.yaml").read_text())
+    if recipe == "swe":
+        repos = settings().cache_dir / "example-repos"
+        subprocess.run(
+            [sys.executable, str(examples / "tasks" / "make_repos.py"), "--force", str(repos)],
+            check=True,
+            capture_output=True,
+        )
+        all_ids = [json.loads(line)["instance_id"] for line in task_file.read_text().splitlines() if line.strip()]
+        data.update(repos=str(repos))
+        data["eval"] = {"enabled": True, "harnesses": ["bash", "tools", "cli"], "samples": 2, "episode_steps": 3}
+    else:
+        all_ids = [task["instance_id"] for task in json.loads(task_file.read_text())]
     chosen = (data["ids"] + [i for i in all_ids if i not in data["ids"]])[:tasks]
-    folder = work_dir or settings().home / "demo" / f"tasks-{tasks}"
+    folder = work_dir or settings().home / "demo" / (f"tasks-{tasks}" if recipe == "swe" else f"{recipe}-{tasks}")
     data.update(
-        name=f"demo-{tasks}",
-        tasks=str(examples / "tasks" / "tasks.jsonl"),
-        repos=str(repos),
+        name=f"demo-{tasks}" if recipe == "swe" else f"demo-{recipe}-{tasks}",
+        tasks=str(task_file),
         ids=chosen,
         work_dir=str(folder),
     )
-    data["eval"] = {"enabled": True, "harnesses": ["bash", "tools", "cli"], "samples": 2, "episode_steps": 3}
     started = time.monotonic()
     summary = run_swe(validated(SWEConfig, data, base=examples / "configs"), log=say)
-    table = Table(title=f"Orchard-SWE demo: {len(chosen)} tasks, {time.monotonic() - started:.0f} s")
+    title = {"swe": "Orchard-SWE", "claw": "Orchard-Claw"}[recipe]
+    table = Table(title=f"{title} demo: {len(chosen)} tasks, {time.monotonic() - started:.0f} s")
     table.add_column("stage")
     table.add_column("result")
     from orchard.store.runs import get_run, headline
@@ -173,8 +193,12 @@ def demo(
         "value", f"{value['trajectories']} trajectories, loss {value['losses'][0]:.3f} -> {value['losses'][-1]:.3f}"
     )
     evaluated = summary["eval"]
+    k = data["eval"]["samples"]
     for label in ("before", "after"):
-        cells = ", ".join(f"{h} {r:.0%}" for h, r in evaluated["matrix"][label].items())
+        cells = ", ".join(
+            f"{h} {r:.0%}" + (f" (pass^{k} {evaluated['pass'][label][h]['pass^k']:.0%})" if recipe == "claw" else "")
+            for h, r in evaluated["matrix"][label].items()
+        )
         table.add_row(
             f"eval {label}",
             cells + (f" (held out: {', '.join(evaluated['held_out'])})" if evaluated["held_out"] else ""),

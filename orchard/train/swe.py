@@ -1,4 +1,7 @@
-"""`orchard train swe --config FILE`: the Orchard-SWE recipe, stage by stage, each a run in the store.
+"""`orchard train swe|claw --config FILE`: a recipe, stage by stage, each a run in the store.
+
+Every recipe runs this one pipeline on its task kind (SWE's repositories, Claw's assistant tasks):
+the stages only call the task-kind protocol (`orchard.tasks.base`), so what differs is the config.
 
 1. collect: each teacher (any model spec) works every task under the collection harnesses, k
    samples each, graded; every trajectory is kept with its verdict;
@@ -320,6 +323,7 @@ def _eval(
 
     trained = set(config.collect.harnesses) | (set(config.rl.harnesses) if config.rl.enabled else set())
     matrix: dict[str, dict[str, float]] = {}
+    passing: dict[str, dict[str, dict[str, float]]] = {}
     runs: dict[str, str] = {}
     for label, path in (("before", student), ("after", policy)):
         model = TransformersModel(path, max_new_tokens=config.rl.max_new_tokens, temperature=0.7, name=f"hf:{label}")
@@ -341,14 +345,27 @@ def _eval(
             store=store,
         )
         runs[label] = result.run_id
-        matrix[label] = {h: r["resolve_rate"] for h, r in result.summary["harnesses"].items()}
+        rows = result.summary["harnesses"]
+        matrix[label] = {h: r["resolve_rate"] for h, r in rows.items()}
+        k = str(config.eval.samples)
+        passing[label] = {h: {"pass@k": r["pass_at_k"][k], "pass^k": r["pass_hat_k"][k]} for h, r in rows.items()}
+    scored = type(tasks[0]).metric == "score"  # a kind graded by scores is judged by pass@k and pass^k
     for label, rates in matrix.items():
-        cells = ", ".join(f"{h}{'' if h in trained else ' (held out)'} {rate:.0%}" for h, rate in rates.items())
+        cells = ", ".join(
+            f"{h}{'' if h in trained else ' (held out)'} {rate:.0%}"
+            + (
+                f" (pass@{k} {passing[label][h]['pass@k']:.0%}, pass^{k} {passing[label][h]['pass^k']:.0%})"
+                if scored
+                else ""
+            )
+            for h, rate in rates.items()
+        )
         log(f"[eval] {label}: {cells}")
     reranked = rerank_run(runs["after"], value_dir, store=store)
     return {
         "runs": runs,
         "matrix": matrix,
+        "pass": passing,
         "held_out": sorted(set(config.eval.harnesses) - trained),
         "rerank": reranked,
     }

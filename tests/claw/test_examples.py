@@ -58,6 +58,19 @@ def test_doing_nothing_does_not_pass(instance_id):
     assert grade.outcome == "unresolved" and grade.score < PASS, grade.checks
 
 
+@by_id()
+def test_the_regressing_script_stops_short_of_passing(instance_id):
+    """`scripted:regress`, the recipe's teacher of unresolved trajectories: it never passes, and
+    on a task that changes anything it keeps some of the solution's progress."""
+    from orchard.claw.task import _played_submission
+
+    task = TASKS[instance_id]
+    grade = task.grade(None, _played_submission(task, task.script("regress")))
+    assert not grade.resolved
+    if writes(task):
+        assert grade.checks["completion"] > 0 or len(writes(task)) == 1
+
+
 @by_id(lambda task: bool(writes(task)))
 def test_looking_and_reporting_without_acting_does_not_pass(instance_id):
     """The gold's reads and its final answer, none of its writes: an agent that only talks."""
