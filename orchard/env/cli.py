@@ -337,6 +337,16 @@ def image_build_agent(
     typer.echo(images.build_agent(tag, force=force))
 
 
+@command(image_app, "build-claw-eval")
+def image_build_claw_eval(
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
+) -> None:
+    """Build the image Claw-Eval task folders run in: the base image with FastAPI, uvicorn, pydantic, httpx, PyYAML."""
+    from orchard.claw.claweval import build_image
+
+    typer.echo(build_image(force=force, log=typer.echo))
+
+
 # -- sandboxes ----------------------------------------------------------------------------
 
 

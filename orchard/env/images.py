@@ -36,7 +36,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import closing, contextmanager, suppress
+from contextlib import AbstractContextManager, closing, contextmanager, suppress
 from pathlib import Path
 
 import docker
@@ -161,6 +161,12 @@ def _build_lock(tag: str) -> Iterator[None]:
     with open(folder / f"image-{name}.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield  # closing the file releases the lock
+
+
+def build_lock(tag: str) -> AbstractContextManager[None]:
+    """The lock every builder of image `tag` holds, across processes and threads, so an image built
+    elsewhere (`orchard.claw.claweval.build_image`) is built once, as these are."""
+    return _build_lock(tag)
 
 
 def _changes(cmd: list[str], path: str) -> list[str]:

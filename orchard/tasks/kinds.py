@@ -8,7 +8,11 @@ from orchard.errors import ConfigError
 from orchard.registry import load
 from orchard.tasks.base import TaskBase
 
-KINDS: dict[str, str] = {"swe": "orchard.tasks.swe:SWETask", "claw": "orchard.claw.task:ClawTask"}
+KINDS: dict[str, str] = {
+    "swe": "orchard.tasks.swe:SWETask",
+    "claw": "orchard.claw.task:ClawTask",
+    "claw-eval": "orchard.claw.claweval:ClawEvalTask",
+}
 """Task kinds by name: `name -> "module:Class"`."""
 
 

@@ -1,8 +1,9 @@
-"""Task sets from JSON, JSONL, a Hugging Face dataset folder, or a hub dataset id.
+"""Task sets from JSON, JSONL, a folder of task folders, a Hugging Face dataset folder, or a hub dataset id.
 
     load_tasks("examples/tasks/tasks.jsonl")
     load_tasks("path/to/saved_dataset")                  # datasets' save_to_disk folder
     load_tasks("princeton-nlp/SWE-bench_Lite", split="test")   # needs the hub (not here)
+    load_tasks("claw-eval/tasks")                         # a folder of task folders (`FOLDERS`)
 
 Each record is validated as its kind's task class (its `kind` field, `swe` when absent); a bad
 one is reported with its line (or index) and the field, and nothing is returned for a file with a
@@ -20,8 +21,22 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchard.errors import ConfigError, InvalidRequest
+from orchard.registry import load
 from orchard.tasks.base import TaskBase
 from orchard.tasks.kinds import KINDS, task_class
+
+FOLDERS: dict[str, str] = {"claw-eval": "orchard.claw.claweval:read_folder"}
+"""Task sets laid out as folders of files, by format: `name -> "module:function"`, a function that
+takes the folder and returns its tasks' (where, record) pairs, each record of a kind of `KINDS`.
+A folder's format is known by its layout (`folder_format`); the reader is imported only then."""
+
+
+def folder_format(path: Path) -> str | None:
+    """The `FOLDERS` format of a folder, or None: `claw-eval` where a `task.yaml` is in the folder
+    (one task), in its subfolders (a tasks folder) or in those of its `tasks/` (Claw-Eval's root)."""
+    if (path / "task.yaml").is_file() or any(path.glob("*/task.yaml")) or any(path.glob("tasks/*/task.yaml")):
+        return "claw-eval"
+    return None
 
 
 def load_tasks(source: str | Path, *, split: str = "test", ids: Sequence[str] | None = None) -> list[Any]:
@@ -29,6 +44,8 @@ def load_tasks(source: str | Path, *, split: str = "test", ids: Sequence[str] | 
     path = Path(source)
     if path.is_file():
         records = read_records(path, "tasks", keys=("tasks", "instances"))
+    elif path.is_dir() and (layout := folder_format(path)) is not None:
+        records = load(FOLDERS, layout, "task folder reader")(path)
     elif path.is_dir():
         records = _records_of_dataset_folder(path, split)
     elif str(source).count("/") == 1 and not str(source).startswith((".", "/")):

@@ -741,3 +741,48 @@ class Wheelhouse:
         partial.write_bytes(data)  # a container's log is text: binary is mangled
         os.replace(partial, self.built / wheel)
         self.log(f"built {wheel}")
+
+
+def venv_image(
+    client: Any,
+    base: str,
+    tag: str,
+    requirements: Iterable[str],
+    *,
+    what: str,
+    venv: str = "/opt/orchard/venv",
+    labels: dict[str, str] | None = None,
+    log: Log | None = None,
+) -> str:
+    """Build `tag`: `base` (an image of `orchard.env.images.build_base`, whose labels say its Python
+    and glibc) with a venv at `venv`, first on PATH, holding `requirements` (plain requirements)
+    and what they need, resolved on the host into a wheelhouse (`Wheelhouse`: files from the
+    shared cache) and installed by `docker build` with no network. Returns the tag. The caller
+    decides when to build (and holds `orchard.env.images.build_lock(tag)`)."""
+    from orchard.env import images
+
+    say = log or quiet
+    facts = images.base_facts(dict(client.images.get(base).labels or {}))
+    if facts is None:
+        raise ConfigError(f"base image {base} does not say its Python and glibc versions: rebuild it with --force")
+    house = Wheelhouse(client, base, Target(*facts), say)
+    tools = house.resolve(TOOLS, what=f"{what}: {', '.join(TOOLS)}")
+    wheels = house.resolve(requirements, what=what)
+    wheelhouse = f"{posixpath.dirname(venv)}/wheels"
+    with tempfile.TemporaryDirectory(prefix="orchard-venv-image-") as tmp:
+        context = Path(tmp)
+        fetch([*tools, *wheels], context / "wheels", house.target, log=say)
+        pins = " ".join(f"{wheel.name}=={wheel.version}" for wheel in wheels)
+        (context / "Dockerfile").write_text(
+            f"FROM {base}\nCOPY wheels {wheelhouse}\n"
+            f"ENV VIRTUAL_ENV={venv} PATH={venv}/bin:{images.SEARCH_PATH} PIP_NO_INDEX=1 PIP_FIND_LINKS={wheelhouse}"
+            " PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1\n"
+            f"RUN {venv_bootstrap(venv, wheelhouse, tools)} && {venv}/bin/python -m pip install --quiet {pins}\n"
+        )
+
+        def failed(error: str, output: str) -> Exception:
+            return ConfigError(f"{what}: building {tag} failed: {reason(output) or error.strip()}")
+
+        say(f"building {tag} from {base} ({len(wheels)} distributions)")
+        docker_build(client, context, tag, failed, labels)
+    return tag
