@@ -9,7 +9,10 @@ A check is data in the task file, so a task set fetched from elsewhere never pic
 
 `called` counts the calls of an endpoint whose arguments match `where` (answered 2xx only, unless
 `status` is `any`); `state` counts the records of a collection that match `where`; `answer`
-matches the agent's final message to the user. `min` (default 1) and `max` bound the count. A
+matches the agent's final message to the user; `judge` (for what rules cannot decide: is the
+summary faithful, the reply polite) asks a model for a score in [0, 1] against its `rubric` (see
+`orchard.claw.task`: the model is `ORCHARD_CLAW_JUDGE`'s, and without one the check is left out of
+the grade, which says so). `min` (default 1) and `max` bound the count. A
 pattern is a value (equal: strings case- and space-insensitively; against a list, any element)
 or one operator: `contains`, `startswith`, `endswith`, `regex` (search, case-insensitive), `in`
 (a list of values), `gte`/`lte` (numbers or ISO times), `empty` (true or false), `not`, `all`,
@@ -46,13 +49,14 @@ class Check(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = ""
-    type: Literal["called", "state", "answer"]
+    type: Literal["called", "state", "answer", "judge"]
     weight: float = Field(default=1.0, ge=0)
     endpoint: str = ""
     service: str = ""
     collection: str = ""
     where: dict[str, Any] = Field(default_factory=dict)
     match: Any = None
+    rubric: str = ""
     status: Literal["ok", "any"] = "ok"
     min: int = Field(default=1, ge=0)
     max: int | None = Field(default=None, ge=0)
@@ -70,11 +74,13 @@ class Check(BaseModel):
             raise ValueError("a `called` check needs an `endpoint` such as /mail/send")
         if self.type == "state" and not (self.service and self.collection):
             raise ValueError("a `state` check needs a `service` and a `collection`")
+        if self.type == "judge" and not self.rubric.strip():
+            raise ValueError("a `judge` check needs a `rubric`: what the judge scores")
         if self.type == "answer":
             if self.match is None:
                 raise ValueError("an `answer` check needs a `match` pattern")
             validate(self.match)
-        self.name = self.name or f"{self.type} {self.endpoint or self.collection or 'answer'}"
+        self.name = self.name or f"{self.type} {self.endpoint or self.collection or self.type}"
         return self
 
     def count(self, calls: list[dict[str, Any]], state: dict[str, Any], answer: str) -> int:

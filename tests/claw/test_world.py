@@ -274,3 +274,80 @@ def test_checks_need_their_fields():
         Check(type="called")
     with pytest.raises(ValueError, match="needs a `match`"):
         Check(type="answer")
+
+
+def _chat_server(answer: str):
+    """A real OpenAI-compatible chat server on loopback answering `answer`; (url, request bodies, server)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    bodies: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
+            bodies.append(body)
+            data = json.dumps(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": body["model"],
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}
+                    ],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            data = json.dumps({"object": "list", "data": [{"id": "judge-model", "object": "model"}]}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_port}/v1", bodies, server
+
+
+def test_a_judge_check_is_scored_by_a_model_whose_prompt_and_answer_are_kept(tmp_path, monkeypatch):
+    from orchard.claw import task as claw_task
+
+    task = _task(tmp_path).model_copy()
+    task = type(task).model_validate(
+        {
+            **task.record(),
+            "checks": [*task.record()["checks"], {"name": "tone", "type": "judge", "rubric": "Is the reply polite?"}],
+        }
+    )
+    create = {"endpoint": "/todo/create", "request_body": {"title": "Budget review"}}
+    done = json.dumps({"calls": [create, create], "said": ["Added the to-do, happy to help."]})
+    monkeypatch.delenv(claw_task.JUDGE_ENV, raising=False)
+    alone = task.grade(None, done)  # no judge: the rubric is left out, and the grade says so
+    assert alone.checks["completion"] == 1.0 and "tone left out" in alone.checks["warnings"][0]
+    url, bodies, server = _chat_server("0.5")
+    try:
+        monkeypatch.setenv("OPENAI_BASE_URL", url)
+        monkeypatch.setenv(claw_task.JUDGE_ENV, "openai:judge-model")
+        claw_task._MODELS.clear()
+        judged = task.grade(None, done)
+    finally:
+        server.shutdown()
+        claw_task._MODELS.clear()
+    (verdict,) = judged.checks["judge"]
+    assert verdict["check"] == "tone" and verdict["answer"] == "0.5" and verdict["score"] == 0.5
+    assert "Is the reply polite?" in verdict["prompt"] and "Added the to-do, happy to help." in verdict["prompt"]
+    assert "/todo/create" in verdict["prompt"] and "-> 429" in verdict["prompt"]  # the calls as replayed
+    assert judged.checks["checks"]["tone"] == 0.5 and judged.checks["completion"] == pytest.approx(2 / 2.5)
+    assert bodies[-1]["model"] == "judge-model"
