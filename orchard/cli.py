@@ -3,7 +3,7 @@
 Each area keeps its commands in its own `cli.py`: the environment (`orchard.env.cli`: up, down,
 status, image, sandbox, bench), evaluation (`orchard.eval.cli`: eval, collect), training
 (`orchard.train.cli`: train, model, demo), the store (`orchard.store.cli`: runs, trajectories) and
-the dashboard (`orchard.tui.cli`: tui). What they share (one error style, plain help) is
+the recording proxy (`orchard.proxy.cli`: proxy) and the dashboard (`orchard.tui.cli`: tui). What they share (one error style, plain help) is
 `orchard.clikit`. Heavy libraries (docker, httpx, fastapi, sqlalchemy, torch) are imported inside
 commands, so `orchard --help` stays fast.
 """
@@ -20,6 +20,7 @@ from orchard.clikit import Group
 from orchard.env import cli as env_cli
 from orchard.errors import EngineUnavailable
 from orchard.eval import cli as eval_cli
+from orchard.proxy import cli as proxy_cli
 from orchard.store import cli as store_cli
 from orchard.train import cli as train_cli
 from orchard.tui import cli as tui_cli
@@ -32,7 +33,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for area in (env_cli, eval_cli, train_cli, store_cli, tui_cli):
+for area in (env_cli, eval_cli, train_cli, store_cli, proxy_cli, tui_cli):
     app.add_typer(area.app)
 
 

@@ -20,7 +20,7 @@ trajectories_app = group("Export and import agent trajectories as JSONL (the Orc
 app.add_typer(runs_app, name="runs")
 app.add_typer(trajectories_app, name="trajectories")
 
-RunKind = Literal["eval", "collect", "credit", "sft", "rl", "value", "bench"]
+RunKind = Literal["eval", "collect", "credit", "sft", "rl", "value", "bench", "proxy"]
 """The kinds of run: `eval` and `collect` (`orchard eval|collect`), the recipe's stages, benchmarks."""
 RunStatus = Literal["running", "finished", "failed", "interrupted"]
 

@@ -1,4 +1,4 @@
-"""SQLModel tables: sandboxes and their commands; runs, graded results, trajectories and steps."""
+"""SQLModel tables: sandboxes and their commands; runs, graded results, trajectories and steps; proxy calls."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class RunRecord(SQLModel, table=True):
     __tablename__ = "runs"
 
     id: str = Field(primary_key=True)
-    kind: str = Field(index=True, description="eval | collect | sft | rl | value | bench")
+    kind: str = Field(index=True, description="eval | collect | credit | sft | rl | value | bench | proxy")
     name: str
     config: str = Field(default="{}", description="JSON: what the run was asked to do")
     status: str = Field(index=True, description="running | finished | failed | interrupted")
@@ -169,3 +169,32 @@ class MetricRecord(SQLModel, table=True):
     name: str = Field(index=True)
     value: float
     recorded_at: float
+
+
+class ProxyCallRecord(SQLModel, table=True):
+    """One model call through `orchard proxy`: the request as sent, the answer as received (a
+    stream assembled into one answer), and where it went in its conversation's trajectory."""
+
+    __tablename__ = "proxy_calls"
+
+    id: str = Field(primary_key=True)
+    run_id: str = Field(index=True, description="the run of kind proxy it was recorded under")
+    sandbox: str | None = Field(default=None, index=True, description="the sandbox tag of its path, if any")
+    path: str = Field(description="the API path: /v1/chat/completions or /v1/completions")
+    created_at: float = Field(index=True)
+    duration: float = Field(default=0.0, description="seconds from the request to the answer's last byte")
+    model: str | None = None
+    status: str = Field(description="ok | failed")
+    http_status: int | None = Field(default=None, description="the upstream's HTTP status; None if it never answered")
+    error: str | None = None
+    stream: bool = False
+    request: str = Field(description="JSON: the request's body as the client sent it")
+    answer: str = Field(default="null", description="JSON: the upstream's answer (a stream assembled into one)")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    token_ids: str = Field(
+        default="null", description="JSON: {prompt, completion} token ids when the upstream sent them"
+    )
+    logprobs: str = Field(default="null", description="JSON: the first choice's log-probs when the upstream sent them")
+    trajectory_id: str | None = Field(default=None, index=True)
+    step: int | None = Field(default=None, description="its index among its trajectory's steps")

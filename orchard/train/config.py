@@ -125,6 +125,10 @@ class SFTConfig(_Accelerated):
     drop_undefined_tools: bool = Field(
         default=True, description="filter: leave out trajectories calling a tool their harness did not offer"
     )
+    proxy_runs: list[str] = Field(
+        default_factory=list,
+        description="runs `orchard proxy --run NAME` recorded (a black-box harness's conversations): trained whole",
+    )
 
 
 class RLConfig(_Accelerated):

@@ -124,15 +124,22 @@ def sft_examples(
     max_length: int | None = 4096,
     filters: SFTFilters | None = None,
     store: Store | None = None,
+    ungraded_runs: Sequence[str] = (),
 ) -> list[SFTExample]:
-    """Training examples from stored trajectories (of `runs`, or all): resolved whole, unresolved by
-    their rise segments (credit assignment must have run on them; without credits they are skipped).
-    `filters` leave out trajectories, never delete them: collection keeps everything."""
+    """Training examples from stored trajectories (of `runs` and `ungraded_runs`, or all when
+    neither is given): resolved whole, unresolved by their rise segments (credit assignment must
+    have run on them; without credits they are skipped). `filters` leave out trajectories, never
+    delete them: collection keeps everything.
+
+    Trajectories no grader saw (`resolved` None) are skipped, except those of `ungraded_runs`: they
+    train whole, as if resolved (the conversations an `orchard proxy` run recorded, whose harness is
+    trusted to have done its task)."""
     filters = filters or SFTFilters()
+    trusted = set(ungraded_runs)
     with session(store) as db:
         query = select(TrajectoryRecord).order_by(col(TrajectoryRecord.created_at))
-        if runs:
-            query = query.where(col(TrajectoryRecord.run_id).in_(list(runs)))
+        if runs or trusted:
+            query = query.where(col(TrajectoryRecord.run_id).in_([*(runs or []), *trusted]))
         if harnesses:
             query = query.where(col(TrajectoryRecord.harness).in_(list(harnesses)))
         trajectories = list(db.exec(query))
@@ -144,9 +151,10 @@ def sft_examples(
         }
     examples = []
     for trajectory in trajectories:
-        if trajectory.resolved is None or not filters.keeps(trajectory, steps[trajectory.id]):
+        ungraded = trajectory.resolved is None
+        if (ungraded and trajectory.run_id not in trusted) or not filters.keeps(trajectory, steps[trajectory.id]):
             continue
-        if trajectory.resolved:
+        if trajectory.resolved or ungraded:
             turns: set[int] | None = None
         else:
             turns = {s.index for s in steps[trajectory.id] if s.credit is not None and s.credit >= epsilon}

@@ -258,6 +258,7 @@ def _sft(
         max_length=config.sft.max_length,
         filters=filters,
         store=store,
+        ungraded_runs=config.sft.proxy_runs,
     )
     result = train_sft(student, examples, work / "sft", config.sft, callbacks=[StoreMetrics(run_id, store=store)])
     result["by_harness"] = dict(Counter(e.harness for e in examples))

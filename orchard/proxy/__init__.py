@@ -1,0 +1,31 @@
+"""`orchard proxy`: an OpenAI-compatible proxy that records every model call it forwards.
+
+Put it in front of any OpenAI-compatible model server (vLLM, SGLang, llama.cpp, a hosted API) and
+point a harness whose agent loop Orchard does not own (OpenClaw, ZeroClaw, mini-swe-agent) at it:
+
+    orchard proxy --upstream http://127.0.0.1:8000/v1 --run openclaw-day1
+    # the harness: OPENAI_BASE_URL=http://127.0.0.1:8009/t/openclaw-day1/sandbox-7/v1
+
+Every `POST /v1/chat/completions` and `POST /v1/completions` goes to the upstream with its body
+unchanged, and its answer comes back unchanged (a stream relayed chunk by chunk as it arrives);
+`GET /v1/models` is forwarded too, not recorded. A path may carry tags, `/t/RUN/v1/...` or
+`/t/RUN/SANDBOX/v1/...`, for clients that let you set only a base URL.
+
+Each call is a `ProxyCallRecord` (request, answer with streams assembled, token ids and log-probs
+when the upstream sends them, failed calls too), in run `proxy-RUN` (kind `proxy`). The chat calls
+of one conversation form one `TrajectoryRecord` (harness `proxy`), one `StepRecord` per call: a
+request whose messages start with an earlier call's messages and answer continues that call's
+trajectory (`orchard.proxy.recorder`). Recording happens in a process of its own, one
+transaction per call, so the proxy adds little latency (bench/proxy.py) and an interrupted proxy
+leaves whole records only.
+
+Not covered: the proxy has no authentication of its own (it binds loopback by default; anyone who
+reaches it spends the upstream's key); `/v1/completions` calls are recorded as calls, not grouped
+into trajectories (a raw prompt has no messages); of an answer with several choices, the first
+one goes into the trajectory.
+
+    ├── recorder.py   calls in, records out: streams assembled, conversations grouped (no HTTP)
+    ├── upstream.py   the HTTP/1.1 client to the upstream (kept-alive connections)
+    ├── server.py     the ASGI app forwarding to the upstream, and `Proxy`, the running server
+    └── cli.py        the `orchard proxy` command
+"""

@@ -1,0 +1,72 @@
+"""`orchard proxy`: forward OpenAI-compatible calls to a model server, recording each one.
+
+uvicorn, Starlette and SQLAlchemy are imported inside the command, so `orchard --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Annotated
+
+import typer
+
+from orchard.clikit import command, group
+from orchard.errors import ConfigError
+
+app = group("The recording proxy for model servers.")
+
+
+@command(app, "proxy")
+def proxy(
+    upstream: Annotated[
+        str, typer.Option(metavar="URL", help="The model server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1.")
+    ],
+    host: Annotated[
+        str,
+        typer.Option(
+            metavar="ADDRESS",
+            help="Address to listen on. The proxy has no key of its own: whoever reaches it spends the upstream's.",
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(metavar="PORT", min=1, max=65535, help="Port to listen on.")] = 8009,
+    api_key_env: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help="Environment variable holding the upstream's API key, sent in place of the client's Authorization.",
+        ),
+    ] = None,
+    run: Annotated[
+        str,
+        typer.Option(
+            metavar="NAME",
+            help="Record untagged calls in run proxy-NAME; a path /t/RUN/SANDBOX/v1 tags a call with another.",
+        ),
+    ] = "default",
+    timeout: Annotated[
+        float, typer.Option(metavar="SECONDS", min=1, help="How long the upstream may take over one answer.")
+    ] = 600.0,
+) -> None:
+    """Forward OpenAI-compatible calls to a model server, recording every call and conversation.
+
+    Each conversation becomes a trajectory of run proxy-NAME (kind proxy); it runs until Ctrl-C."""
+    from orchard.proxy.recorder import run_summary
+    from orchard.proxy.server import Proxy
+
+    api_key = None
+    if api_key_env is not None:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is not set")
+    server = Proxy(upstream, host=host, port=port, api_key=api_key, run=run, timeout=timeout)
+    typer.echo(
+        f"orchard proxy on {server.url} -> {server.upstream}, recording run {server.run_id} "
+        f"(tag calls with {server.tagged('RUN', 'SANDBOX')})"
+    )
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn has stopped, every call is written
+        server.serve()
+    figures = run_summary(server.run_id, server.recorder.store)
+    typer.echo(
+        f"stopped; run {server.run_id} holds {figures['calls']} calls, {figures['trajectories']} trajectories", err=True
+    )

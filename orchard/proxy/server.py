@@ -1,0 +1,297 @@
+"""The proxy's server: an ASGI app (Starlette, the layer under FastAPI: one catch-all route needs
+nothing more) that forwards to the upstream, and `Proxy`, it running.
+
+    with Proxy("http://127.0.0.1:8000/v1", port=0, store=store) as proxy:   # serves in a thread
+        OpenAI(base_url=proxy.tagged("my-run", "box-1")).chat.completions.create(...)
+
+Requests go out (through `upstream.Pool`) with their body and query unchanged and their headers
+less the hop-by-hop ones (the upstream's key from `api_key`, when given, replaces the client's
+Authorization); answers come back unchanged, less hop-by-hop headers. A streamed answer
+(`text/event-stream`) is relayed as the upstream sends it, never gathered first. What the proxy
+itself refuses (a bad tag, an unknown path: 400, 404) and an upstream that cannot be reached
+(502) or stays silent past the timeout (504) get an OpenAI-style error,
+`{"error": {"message": ONE_LINE, "type": ...}}`; what the upstream answers, errors included,
+passes through as it sent it."""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from orchard.errors import ConfigError, InvalidRequest
+from orchard.proxy.recorder import Call, Recorder, run_id_of
+from orchard.proxy.upstream import Answer, Pool, TimedOut, Unreachable, UpstreamError
+from orchard.store import Store
+
+DEFAULT_PORT = 8009
+EXAMPLE = "http://127.0.0.1:8000/v1"
+TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A run or sandbox tag: a safe id."""
+RECORDED = {"/v1/chat/completions", "/v1/completions"}
+"""The POST paths forwarded and recorded; `GET /v1/models[/ID]` is forwarded only."""
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers"}
+    | {"transfer-encoding", "upgrade", "content-length", "host", "accept-encoding"}
+)
+"""Headers that describe one connection, not the message, and those the proxy sets itself (it asks
+for an uncompressed answer, to read it for the record; bodies pass as they are, encoded or not)."""
+ANSWER_DROPPED = HOP_BY_HOP | {"date", "server"}
+"""Upstream answer headers not passed on (uvicorn sends its own date and server)."""
+GRACE_SECONDS = 3
+"""At Ctrl-C, how long answers still streaming may take to finish."""
+
+
+def check_tag(value: str, what: str) -> str:
+    if not TAG.fullmatch(value):
+        raise InvalidRequest(
+            f"bad {what} tag {value!r}: use letters, digits, '.', '_' and '-' (at most 128, the first a letter or digit)"
+        )
+    return value
+
+
+def parse_target(path: str, default_run: str) -> tuple[str, str | None, str]:
+    """(run, sandbox, API path) of a request's path: `/v1/...`, `/t/RUN/v1/...` or `/t/RUN/SANDBOX/v1/...`."""
+    parts = path.strip("/").split("/")
+    if parts[0] != "t":
+        return default_run, None, path
+    for tags in (1, 2):
+        rest = parts[1 + tags :]
+        if len(parts) > 1 + tags and rest[0] == "v1":
+            tagged = [
+                check_tag(value, what) for value, what in zip(parts[1 : 1 + tags], ("run", "sandbox"), strict=False)
+            ]
+            return tagged[0], tagged[1] if tags == 2 else None, "/" + "/".join(rest)
+    raise InvalidRequest(f"no API path in {path!r}: tag calls as /t/RUN/v1/... or /t/RUN/SANDBOX/v1/...")
+
+
+def upstream_base(url: str) -> str:
+    """The upstream's address without its trailing `/v1` (the proxy adds the API path back)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (a port that is not a number raises here)
+    except ValueError as exc:
+        raise ConfigError(f"--upstream {url!r} is not a URL ({exc}); give the model server's, e.g. {EXAMPLE}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"--upstream {url!r}: give the model server's http(s) URL, e.g. {EXAMPLE}")
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/").removesuffix("/v1"), "", ""))
+
+
+def _models(api: str) -> bool:
+    """Whether a GET path is the model list or one model (whose id may hold `/`, never `.` or `..`:
+    the upstream's key must not reach its other routes through the proxy)."""
+    if api == "/v1/models":
+        return True
+    model = api.removeprefix("/v1/models/").split("/")
+    return api.startswith("/v1/models/") and all(part not in ("", ".", "..") for part in model)
+
+
+def _error(status: int, message: str, kind: str) -> Response:
+    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+
+
+def _answered(content: bytes, status: int, headers: list[tuple[str, str]], kind: type[Response] = Response) -> Response:
+    """A response of the upstream's status and headers (less those of its connection)."""
+    response = kind(content, status_code=status)
+    response.raw_headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers if k not in ANSWER_DROPPED]
+    return response
+
+
+def create_app(upstream: str, recorder: Recorder, *, api_key: str | None = None, timeout: float = 600.0) -> Starlette:
+    """The proxy as an ASGI app; it closes `recorder` when it shuts down (so a SIGTERM still
+    leaves every answered call written)."""
+    pool = Pool(upstream_base(upstream), timeout=timeout)
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        await recorder.attach()
+        try:
+            yield
+        finally:
+            pool.close()
+            await recorder.aclose()
+
+    def headers_out(incoming: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+        dropped = HOP_BY_HOP | ({"authorization"} if api_key else set())
+        kept = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in incoming if k.decode("latin-1") not in dropped]
+        kept.append(("accept-encoding", "identity"))  # bodies are read for the record: plain, not compressed
+        if api_key:
+            kept.append(("authorization", f"Bearer {api_key}"))
+        return kept
+
+    async def forward(request: Request) -> Response:
+        try:
+            run, sandbox, api = parse_target(request.url.path, recorder.default_run)
+        except InvalidRequest as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        recorded = request.method == "POST" and api in RECORDED
+        if not recorded and not (request.method == "GET" and _models(api)):
+            return _error(404, f"orchard proxy does not forward {request.method} {api}", "invalid_request_error")
+        body = await request.body()
+        started, clock = time.time(), time.perf_counter()
+
+        def call(status: int | None, answer: bytes, stream: bool, error: str | None = None) -> Call:
+            return Call(run, sandbox, api, body, started, time.perf_counter() - clock, status, answer, stream, error)
+
+        def failed(status: int, exc: Exception, kind: str) -> Response:
+            if recorded:
+                recorder.submit(call(None, b"", False, str(exc)))
+            return _error(status, str(exc), kind)
+
+        query = request.url.query
+        try:
+            answer = await pool.request(
+                request.method, api + (f"?{query}" if query else ""), headers_out(request.headers.raw), body
+            )
+        except InvalidRequest as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        except TimedOut as exc:
+            return failed(504, exc, "upstream_timeout")
+        except Unreachable as exc:
+            return failed(502, exc, "upstream_unreachable")
+        if answer.header("content-type").startswith("text/event-stream") and answer.status < 400:
+            relayed = _relay(answer, call, recorder if recorded else None)
+            return _answered(relayed, answer.status, answer.headers, StreamingResponse)  # type: ignore[arg-type]
+        try:
+            content = await answer.read()
+        except (TimedOut, Unreachable) as exc:
+            return failed(504 if isinstance(exc, TimedOut) else 502, exc, "upstream_unreachable")
+        finally:
+            answer.aclose()
+        if recorded:
+            recorder.submit(call(answer.status, content, False))
+        return _answered(content, answer.status, answer.headers)
+
+    return Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])], lifespan=lifespan)
+
+
+async def _relay(answer: Answer, call: Any, recorder: Recorder | None) -> AsyncIterator[bytes]:
+    """The upstream's chunks as they come. The call is handed to the recorder before the chunk
+    holding `[DONE]` is passed on, so a client's next request finds this one recorded first."""
+    chunks: list[bytes] = []
+    tail, error, done = b"", None, recorder is None
+    try:
+        async for chunk in answer.chunks():
+            chunks.append(chunk)
+            if not done and b"[DONE]" in tail + chunk:
+                done = True
+                recorder.submit(call(answer.status, b"".join(chunks), True))  # type: ignore[union-attr]
+            tail = chunk[-8:]
+            yield chunk
+    except UpstreamError as exc:
+        error = f"the stream broke off: {exc}"
+    except BaseException:  # cancelled: the client went away, or the proxy is stopping
+        error = "the stream was cut before it ended (the client went away, or the proxy stopped)"
+        raise
+    finally:
+        answer.aclose()
+        if not done:
+            recorder.submit(call(answer.status, b"".join(chunks), True, error))  # type: ignore[union-attr]
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port, or one line saying why not."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        hint = "; another process holds it: choose another --port" if exc.errno == 98 else ""
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
+    except (OverflowError, TypeError) as exc:  # a port outside 0-65535
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from None
+    return sock
+
+
+class Proxy:
+    """The proxy, its socket bound and its store open: `serve()` runs it in this thread until
+    Ctrl-C or `stop()`; as a context manager it serves in a thread, stopped when the block ends."""
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        api_key: str | None = None,
+        run: str = "default",
+        store: Store | None = None,
+        timeout: float = 600.0,
+    ):
+        import uvicorn
+
+        try:
+            check_tag(run, "run")
+        except InvalidRequest as exc:
+            raise ConfigError(f"--run: {exc}") from None
+        self.upstream = upstream_base(upstream) + "/v1"
+        self.run_id = run_id_of(run)
+        self.socket = listening_socket(host, port)
+        self.host, self.port = host, self.socket.getsockname()[1]
+        try:
+            self.recorder = Recorder(store, run).start()
+        except BaseException:
+            self.socket.close()
+            raise
+        app = create_app(upstream, self.recorder, api_key=api_key, timeout=timeout)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            proxy_headers=False,
+            timeout_keep_alive=150,
+            timeout_graceful_shutdown=GRACE_SECONDS,
+        )
+        self.server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL clients take (untagged): `http://HOST:PORT/v1`."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def tagged(self, run: str, sandbox: str | None = None) -> str:
+        """The base URL that tags calls with `run` (and `sandbox`)."""
+        return self.url.removesuffix("/v1") + "/t/" + "/".join([run, *([sandbox] if sandbox else [])]) + "/v1"
+
+    def serve(self) -> None:
+        try:
+            self.server.run(sockets=[self.socket])
+        finally:
+            self.socket.close()
+            self.recorder.close()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+
+    def flush(self) -> None:
+        """Wait until every call answered so far is in the store."""
+        self.recorder.flush()
+
+    def __enter__(self) -> Proxy:
+        self._thread = threading.Thread(target=self.serve, name="orchard-proxy", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
