@@ -99,10 +99,10 @@ def run_episode(
     *,
     model_name: str,
     limits: Limits = Limits(),
-    on_step: Callable[[int, Sandbox, list[Message]], object] | None = None,
+    on_step: Callable[[int, Sandbox, Episode], object] | None = None,
 ) -> Episode:
     """Let `model` work `task` in `box` (a fresh sandbox of the task's image) through `harness`;
-    `on_step(index, box, messages)` runs after each step (credit by replay measures progress there)."""
+    `on_step(index, box, episode)` runs after each step (credit by replay measures progress there)."""
     public = {**task.public(), "prompt": task.prompt()}
     messages: list[Message] = [
         {"role": "system", "content": harness.system_prompt(public)},
@@ -124,7 +124,7 @@ def run_episode(
                 break
             submitted = _step(episode, index, harness, model, box, tools)
             if on_step is not None:
-                on_step(index, box, episode.messages)
+                on_step(index, box, episode)
             if submitted:
                 episode.status = "completed"
                 break
@@ -134,7 +134,7 @@ def run_episode(
                 break
     except OrchardError as exc:  # the model server or the sandbox failed
         episode.status, episode.error = "aborted", str(exc)
-    episode.submission = task.conclude(box, episode.messages)
+    episode.submission = task.conclude(box, episode.messages, episode.dialogue)
     episode.duration = time.monotonic() - started
     return episode
 
@@ -172,6 +172,11 @@ def _step(episode: Episode, index: int, harness: Harness, model: ModelSession, b
                         "tool_call_id": action.call_id,
                         "content": "Submitted." if answer is None else "Sent.",
                     }
+                )
+                episode.messages.extend(  # and the calls after it, which the turn's end leaves unrun
+                    {"role": "tool", "tool_call_id": later.call_id, "content": "Not run: the turn had ended."}
+                    for later in actions[actions.index(action) + 1 :]
+                    if later.call_id
                 )
             if answer is None:
                 submitted = True

@@ -5,9 +5,9 @@
 Serves `orchard/claw/world.py`'s routes for the world `SETUP.json` describes, on 127.0.0.1:PORT
 (never another address: the host reaches it through the exec agent), and writes READY_FILE once
 it listens. Besides the services' routes, Orchard's own under `/_orchard/`: `GET log` (every call
-since the last reset, and what the agent said to the user), `POST say` (`{"text": ...}`: a
-message of the agent to the user, kept in order), `POST reset` (the world as the setup made it),
-`GET health`.
+the services were asked, endpoint and arguments, in order: what the host replays to grade) and
+`GET health`. Nothing resets the log: a service's own reset (`POST /<service>/reset`) is a call
+like the others, logged and replayed.
 
 Standard library only, for the sandbox's own Python (3.9 or newer); it sits beside `world.py`.
 """
@@ -108,14 +108,14 @@ class Server(socketserver.ThreadingTCPServer):
 
     def reset(self) -> None:
         self.world = World(self.setup)
-        self.said: list[str] = []
 
     def get(self, path: str) -> tuple[int, object]:
         with self.lock:
             if path == "/_orchard/health":
                 return 200, {"status": "ok"}
-            if path == "/_orchard/log":
-                return 200, {"calls": self.world.log, "said": self.said}
+            if path == "/_orchard/log":  # what the host replays: the calls, not their answers
+                calls = [{"endpoint": c["endpoint"], "request_body": c["request_body"]} for c in self.world.log]
+                return 200, {"calls": calls}
             name, _, what = path.strip("/").partition("/")
             if name in self.world.services and what in ("state", "audit"):
                 return 200, self.world.services[name].state() if what == "state" else self.world.audit(name)
@@ -123,23 +123,7 @@ class Server(socketserver.ThreadingTCPServer):
 
     def post(self, path: str, body: object) -> tuple[int, object, float]:
         with self.lock:
-            if path == "/_orchard/reset":
-                self.reset()
-                return 200, {"status": "reset"}, 0.0
-            if path == "/_orchard/say":
-                self.said.append(str(body.get("text", "")) if isinstance(body, dict) else "")
-                return 200, {"status": "ok"}, 0.0
-            name, _, verb = path.strip("/").partition("/")
-            if verb == "reset" and name in self.world.services:
-                self.reset_service(name)
-                return 200, {"status": "reset"}, 0.0
             return self.world.call(path, body)
-
-    def reset_service(self, name: str) -> None:
-        fresh = World({**self.setup, "services": {name: self.setup["services"][name]}})
-        fresh.services[name].world = self.world
-        self.world.services[name] = fresh.services[name]
-        self.world.routes.update({e: (fresh.services[name], fn) for e, (_, fn) in fresh.routes.items()})
 
 
 def main() -> None:

@@ -23,6 +23,8 @@ import copy
 import re
 
 SERVICES = ("mail", "calendar", "todo", "contacts", "notes", "files")
+MAX_RECORDS = 500
+"""Records a collection may hold: creating one more is refused (422)."""
 
 _TYPES = {"string": str, "integer": int, "boolean": bool, "array": list, "object": dict}
 
@@ -104,7 +106,7 @@ class Service:
 
     def __init__(self, world: World, fixtures: dict) -> None:
         self.world = world
-        self.data = {c: [dict(r) for r in fixtures.get(c, [])] for c in self.collections}
+        self.data = {c: copy.deepcopy(list(fixtures.get(c, []))) for c in self.collections}
         self.audit: dict = {"calls": [], **{a: [] for a in self.actions}}
 
     @classmethod
@@ -123,8 +125,15 @@ class Service:
         return f"{prefix}-{self.world.counter:04d}"
 
     def act(self, action: str, record: dict) -> dict:
+        """`record` in the audit's action list, and in the world's (which no reset clears)."""
         self.audit[action].append(copy.deepcopy(record))
+        self.world.actions[self.name][action].append(copy.deepcopy(record))
         return record
+
+    def room(self, collection: str) -> None:
+        """CallError 422 when `collection` is full (`MAX_RECORDS`): a world stays small to replay."""
+        if len(self.data[collection]) >= MAX_RECORDS:
+            raise CallError(422, f"{self.name} holds at most {MAX_RECORDS} {collection}")
 
     def state(self) -> dict:
         return copy.deepcopy(self.data)
@@ -175,6 +184,7 @@ class Mail(Service):
     def _send(self, to: list, cc: list, subject: str, text: str, reply_to: str = "") -> dict:
         if not to:
             raise CallError(422, "a message needs at least one recipient")
+        self.room("messages")
         for address in to + cc:
             if not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", address):
                 raise CallError(422, f"{address!r} is not an email address")
@@ -292,6 +302,7 @@ class Calendar(Service):
     def create(self, body: dict) -> dict:
         if str(body["end"]) <= str(body["start"]):
             raise CallError(422, "an event must end after it starts")
+        self.room("events")
         event = {"id": self.new_id("evt"), "calendar": "personal", "attendees": [], "location": "", **body}
         self.data["events"].append(event)
         return {"event": self.act("created_events", dict(event))}
@@ -343,6 +354,7 @@ class Todo(Service):
         notes=_field("string", "details"),
     )
     def create(self, body: dict) -> dict:
+        self.room("tasks")
         task = {"id": self.new_id("task"), "status": "open", "priority": "normal", "due": "", "notes": "", **body}
         self.data["tasks"].append(task)
         return {"task": self.act("created_tasks", dict(task))}
@@ -399,6 +411,7 @@ class Contacts(Service):
         notes=_field("string", "anything else"),
     )
     def create(self, body: dict) -> dict:
+        self.room("contacts")
         contact = {"id": self.new_id("c"), **{f: "" for f in self._fields}, **body}
         self.data["contacts"].append(contact)
         return {"contact": self.act("created", dict(contact))}
@@ -472,6 +485,7 @@ class Notes(Service):
         tags=_field("array", "tags", items="string"),
     )
     def create(self, body: dict) -> dict:
+        self.room("notes")
         note = {"id": self.new_id("note"), "tags": [], "date": self.world.now, "shared_with": [], **body}
         self.data["notes"].append(note)
         return {"note": self.act("created", dict(note))}
@@ -529,7 +543,8 @@ class Files(Service):
 
     @_verb("Read a file.", path=_field("string", "its path", required=True))
     def read(self, body: dict) -> dict:
-        return {"path": body["path"], "content": self.find("files", body["path"]).get("content", "")}
+        path = body["path"].strip("/")
+        return {"path": path, "content": self.find("files", path).get("content", "")}
 
     @_verb(
         "Write a file (replacing it if it exists).",
@@ -542,13 +557,15 @@ class Files(Service):
             raise CallError(422, f"{body['path']!r} is not a file path")
         if len(content) > self.limit:
             raise CallError(422, f"a file holds at most {self.limit} characters")
+        if not any(f["id"] == path for f in self.data["files"]):
+            self.room("files")
         self.data["files"] = [f for f in self.data["files"] if f["id"] != path] + [{"id": path, "content": content}]
         self.act("written", {"path": path, "size": len(content)})
         return {"path": path, "size": len(content)}
 
     @_verb("Delete a file.", path=_field("string", "its path", required=True))
     def delete(self, body: dict) -> dict:
-        found = self.find("files", body["path"])
+        found = self.find("files", body["path"].strip("/"))
         self.data["files"].remove(found)
         return {"deleted": self.act("deleted", {"path": found["id"]})["path"]}
 
@@ -575,18 +592,24 @@ class World:
     `rate` fails that share of every endpoint's calls, chosen by a hash of the seed, the endpoint
     and the call's number, as 429, 500 or a delay (slowed by `delay` seconds, then answered)."""
 
-    def __init__(self, setup: dict) -> None:
+    def __init__(self, setup: dict, *, answers: bool = True) -> None:
         self.setup = copy.deepcopy(setup)
+        self.answers = answers
+        """Keep each call's answer in the log and the audits (the server's); a replay needs none."""
         self.now = str(setup.get("now", "2026-03-02T09:00"))
         self.user = str(setup.get("user", "me@example.com"))
         self.counter = 0
         self.errors = dict(setup.get("errors") or {})
         self.counts: dict = {}
         self.log: list = []
-        self.services = {
-            name: KINDS[name](self, fixtures or {}) for name, fixtures in setup.get("services", {}).items()
-        }
+        names = list(self.setup.get("services", {}))
+        self.actions: dict = {name: {action: [] for action in KINDS[name].actions} for name in names}
+        """Every service's action lists, never reset: what the agent did, whatever it reset after."""
+        self.services = {name: self._fresh(name) for name in names}
         self.routes = {f"/{n}/{v}": (s, fn) for n, s in self.services.items() for v, fn in s.verbs().items()}
+
+    def _fresh(self, name: str) -> Service:
+        return KINDS[name](self, self.setup["services"][name] or {})
 
     def injected(self, endpoint: str) -> tuple:
         """(status, delay) of the error this call of `endpoint` is given: (0, 0) for none."""
@@ -609,6 +632,12 @@ class World:
     def call(self, endpoint: str, body: object) -> tuple:
         """(status, answer, delay) of one call, logged. `delay` is for the server to wait before
         answering (an injected slow answer); the world has already changed."""
+        name, _, verb = endpoint.strip("/").partition("/")
+        if verb == "reset" and name in self.services:  # the service as its fixtures made it; logged, replayed
+            self.services[name] = self._fresh(name)
+            self.routes.update({f"/{name}/{v}": (self.services[name], fn) for v, fn in KINDS[name].verbs().items()})
+            self.log.append({"endpoint": endpoint, "request_body": {}, "status": 200})
+            return 200, {"status": "reset"}, 0.0
         route = self.routes.get(endpoint)
         if route is None:
             return 404, {"error": f"no endpoint {endpoint}"}, 0.0
@@ -628,21 +657,29 @@ class World:
                 answer, status = method(service, _check(body, method.verb["input_schema"])), 200
             except CallError as exc:
                 answer, status = {"error": str(exc)}, exc.status
-        entry.update(status=status, response_body=answer)
+        entry["status"] = status
+        if self.answers:
+            entry["response_body"] = answer
+            service.audit["calls"].append(entry)
         self.log.append(entry)
-        service.audit["calls"].append(entry)
-        return status, copy.deepcopy(answer), delay
+        return status, copy.deepcopy(answer) if self.answers else answer, delay
 
     def state(self) -> dict:
         return {name: service.state() for name, service in self.services.items()}
+
+    def checked(self) -> dict:
+        """What checks read: each service's collections and its action lists (never reset)."""
+        return {name: {**service.data, **self.actions[name]} for name, service in self.services.items()}
 
     def audit(self, name: str) -> dict:
         return copy.deepcopy(self.services[name].audit)
 
 
 def replay(setup: dict, calls: list) -> World:
-    """A fresh world from `setup` after `calls` (`[{"endpoint", "request_body"}]`, as a log holds them)."""
-    world = World(setup)
+    """A fresh world from `setup` after `calls` (`[{"endpoint", "request_body"}]`, as a log holds
+    them), keeping no answers (it is for grading: its log has each call's status, its state and
+    action lists what the calls did)."""
+    world = World(setup, answers=False)
     for entry in calls:
         world.call(str(entry.get("endpoint", "")), entry.get("request_body"))
     return world

@@ -63,7 +63,7 @@ def played(
     image: str,
     *,
     limits: Limits | None = None,
-    on_step: Callable[[int, Sandbox, list[Message]], Any] | None = None,
+    on_step: Callable[[int, Sandbox, Episode], Any] | None = None,
 ) -> Played:
     """`model` works `task` under `harness` (a name) in a fresh sandbox, deleted afterwards."""
     worker = harness_factory(harness)()

@@ -14,7 +14,7 @@ call these, so a new kind is one file (a subclass of `TaskBase`) plus a line in
         start(box)                                          # before the first step (in the agent's shell)
         respond(box, dialogue) -> str | None                # the user's answer when the agent ends its turn
         submission(box) -> str                              # what the attempt produced (SWE: the patch)
-        conclude(box, messages) -> str                      # the same, told the conversation too
+        conclude(box, messages, dialogue) -> str            # the same, told the conversation too
         grade(client, submission, image) -> Grade           # the verdict, score in [0, 1]
         progress(client, submission, image) -> float        # mid-episode, for credit by replay
         script(name) -> list[Step]                          # `scripted:gold` and friends
@@ -172,10 +172,11 @@ class TaskBase(BaseModel):
     def submission(self, box: Sandbox) -> str:
         raise NotImplementedError
 
-    def conclude(self, box: Sandbox, messages: list[dict[str, Any]]) -> str:
-        """The submission of an episode whose conversation so far is `messages` (the host's own
-        record of it, never the sandbox's): `submission(box)` unless the kind grades the
-        conversation too (a Claw-Eval grader reads the agent's messages)."""
+    def conclude(self, box: Sandbox, messages: list[dict[str, Any]], dialogue: list[dict[str, Any]]) -> str:
+        """The submission of an episode whose conversation so far is `messages`, and its part
+        between the user and the agent `dialogue` (see `respond`): the host's own record of them,
+        never the sandbox's. `submission(box)` unless the kind grades the conversation too (an
+        assistant's answer, a Claw-Eval grader reading the agent's messages)."""
         return self.submission(box)
 
     def grade(self, client: Client, submission: str, image: str) -> Grade:

@@ -31,6 +31,7 @@ from sqlmodel import col, select
 from orchard.store import StepRecord, Store, TrajectoryRecord, session
 
 if TYPE_CHECKING:
+    from orchard.agents.loop import Episode
     from orchard.agents.models import Model
     from orchard.env.client import Client, Sandbox
     from orchard.tasks.base import TaskBase
@@ -133,8 +134,8 @@ class ReplayEstimator:
 
         known: dict[int, float] = {0: 0.0}
 
-        def measure(index: int, box: Sandbox, messages: list[dict[str, Any]]) -> None:
-            known[index + 1] = self._progress(task, task.conclude(box, messages))
+        def measure(index: int, box: Sandbox, episode: Episode) -> None:
+            known[index + 1] = self._progress(task, task.conclude(box, episode.messages, episode.dialogue))
 
         replay = RecordedModel(json.loads(trajectory.messages))
         limits = Limits(max_steps=len(replay.replies) + 1, max_seconds=float("inf"), max_format_errors=10**9)
