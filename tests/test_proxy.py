@@ -838,3 +838,40 @@ def test_sft_trains_the_tiny_model_on_a_proxy_runs_trajectories(upstream, proxy,
     assert result["steps"] == 2 and all(loss > 0 for loss in result["losses"])
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "sft").state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+AGENT_CLI = """
+import json, sys, urllib.request
+base = sys.argv[1]
+body = {"model": "%s", "stream": True, "messages": [{"role": "user", "content": "hello from the sandbox"}]}
+request = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+text = ""
+with urllib.request.urlopen(request, timeout=30) as answer:
+    for line in answer:
+        line = line.decode().strip()
+        if line.startswith("data: {"):
+            text += json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+print(text)
+"""
+
+
+@pytest.mark.docker
+def test_an_agent_cli_in_a_blocked_sandbox_reaches_the_proxy_through_the_agent_and_is_recorded(
+    client, base_image, upstream, store
+):
+    """The paper's black-box harness: an agent's own loop runs inside the sandbox, its base URL on
+    the sandbox's loopback; `Sandbox.expose` carries it to the proxy on the host, the network
+    staying blocked, and the conversation is recorded with the run and sandbox it belongs to."""
+    with Proxy(upstream.url, port=0, store=store, run="claw") as proxy, client.create(base_image) as box:
+        assert box.exec("python3 -c \"import socket; socket.create_connection(('10.0.0.1', 80), 2)\"").exit_code != 0
+        box.write_file("/tmp/agent.py", AGENT_CLI % MODEL)
+        with box.expose(8009, ("127.0.0.1", proxy.port)):
+            base = f"http://127.0.0.1:8009/t/claw/{box.id}/v1"
+            ran = box.exec(f"python3 /tmp/agent.py {base}", timeout=60)
+        assert ran.exit_code == 0, ran.stderr
+        assert ran.stdout.strip() == "turn 0: you said hello from the sandbox"  # the upstream's answer, streamed
+        proxy.flush()
+    ((trajectory, steps),) = trajectories_of(store, "proxy-claw")
+    assert trajectory.instance_id == box.id and trajectory.harness == "proxy" and len(steps) == 1
+    assert json.loads(trajectory.messages)[0]["content"] == "hello from the sandbox"
