@@ -140,7 +140,7 @@ def json_arguments(call: ToolCall) -> dict[str, Any]:
     """The arguments of a tool call (FormatError when they are not a JSON object)."""
     try:
         arguments = json.loads(call.arguments or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to parse
         raise FormatError(f"the arguments of {call.name} are not valid JSON: {call.arguments[:200]!r}") from None
     if not isinstance(arguments, dict):
         raise FormatError(f"the arguments of {call.name} must be a JSON object")

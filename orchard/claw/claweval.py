@@ -59,13 +59,16 @@ from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from datetime import date
 from functools import cached_property
+from itertools import pairwise
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
+from orchard.agents.base import FormatError, Reply, ToolCall
 from orchard.agents.loop import CUT_NOTICE
+from orchard.claw.harnesses import AssistantHarness
 from orchard.config import BASE_IMAGE
 from orchard.errors import ConfigError, ImageNotFound, OrchardError
 from orchard.tasks.base import Grade, Metric, Prepare, TaskBase
@@ -90,11 +93,18 @@ MAX_SNAPSHOT = 256 << 10
 """Characters kept of a snapshot command's stdout and stderr, and bytes of a snapshot file."""
 MAX_SNAPSHOT_FILES = 100
 MAX_MESSAGES = 2000
+MAX_DEPTH = 100
+"""Levels of nesting of JSON from the sandbox (an audit, a tool's answer) or a model (a call's
+arguments) taken as JSON; deeper is malformed. Python's parser fails past about 1000 levels
+(RecursionError), and what it parses just under that may not be written into the submission or
+read back from it."""
 ASSISTANT_TOOLS = ("shell", "read_file", "write_file", "memory")
 """The `assistant` harness's own tools besides `http_request`: no service call is theirs."""
 UNREACHED = "Error: the service could not be reached"
 """How the `functions` harness answers a call whose service did not answer at all."""
 USER_AGENT_PREFIX = "[user_agent]\n"
+OBSERVATION = "Observation: "
+"""How the `react` harness answers an action: a user message, this, then the tool's answer."""
 
 USER_PROMPT = """You are the user in this conversation, not an assistant: you asked an AI assistant
 for help with a task. Who you are and what you know: {persona}
@@ -393,9 +403,9 @@ class ClawEvalTask(TaskBase):
     # -- the submission --------------------------------------------------------------------------
 
     def submission(self, box: Sandbox) -> str:
-        return self.conclude(box, [])
+        return self.conclude(box, [], [])
 
-    def conclude(self, box: Sandbox, messages: list[dict[str, Any]]) -> str:
+    def conclude(self, box: Sandbox, messages: list[dict[str, Any]], dialogue: list[dict[str, Any]]) -> str:
         """`{"messages", "dispatches", "audit", "env_snapshot", "problems"}`: the first two from the
         host's transcript `messages`, the others read from the sandbox (what could not be read is
         named in `problems`)."""
@@ -422,7 +432,7 @@ class ClawEvalTask(TaskBase):
                 answer = box.http(where[1], port=where[0], method="GET", timeout=30, max_bytes=MAX_AUDIT)
                 if answer.status != 200 or answer.truncated:
                     raise OrchardError(f"it answered {answer.status}" + (", too long" if answer.truncated else ""))
-                data = answer.json()
+                data = _bounded_json(answer.body)
                 if not isinstance(data, dict):
                     raise ValueError("not a JSON object")
                 audit[service.name] = data
@@ -465,7 +475,7 @@ class ClawEvalTask(TaskBase):
         code = "import glob, json, sys; print(json.dumps(sorted(glob.glob(sys.argv[1], recursive=True))))"
         done = box.exec(["python3", "-c", code, pattern], cwd=self.workdir, timeout=30)
         try:
-            found = json.loads(done.stdout) if done.ok else []
+            found = _bounded_json(done.stdout) if done.ok else []
         except ValueError:
             found = []
         return [str(p) for p in found if isinstance(p, str)][:MAX_SNAPSHOT_FILES]
@@ -544,25 +554,31 @@ def trace_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The conversation as Claw-Eval's `TraceMessage`s (JSON): the user's prompt, each assistant
     turn (its text, and a `tool_use` block per tool call), the answers to a turn's calls as one
     user message of `tool_result` blocks, and a simulated user's answers as user text prefixed
-    `[user_agent]`. The system prompt is left out, and so are the loop's own notices."""
+    `[user_agent]`. A `react` action (`_react_calls`) is the same: its thought the turn's text, its
+    action a `tool_use`, the `Observation:` that answers it a `tool_result`. The system prompt is
+    left out, and so are the loop's own notices."""
     out: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     prompted = False
+    react = _react_calls(messages)
 
     def flush() -> None:
         if results:
             out.append({"type": "message", "message": {"role": "user", "content": list(results)}})
             results.clear()
 
-    for message in messages:
+    for index, message in enumerate(messages):
         role, text = message.get("role"), _text(message.get("content"))
-        if role == "tool":
+        observed = react.get(index - 1)  # this message is the observation of that react action
+        if role == "tool" or observed is not None:
+            call_id = observed.call_id if observed else str(message.get("tool_call_id") or "")
+            text = observed.answer if observed else text
             status, _ = _answer(text)
             error = status is None or status >= 400
             results.append(
                 {
                     "type": "tool_result",
-                    "tool_use_id": str(message.get("tool_call_id") or ""),
+                    "tool_use_id": call_id,
                     "content": [{"type": "text", "text": text}],
                     "is_error": error,
                 }
@@ -570,22 +586,20 @@ def trace_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         flush()
         if role == "assistant":
-            blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text.strip() else []
+            acted = react.get(index)
+            said = acted.thought if acted else text
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": said}] if said.strip() else []
+            uses = [(acted.call_id, acted.name, acted.arguments)] if acted else []
             for call in message.get("tool_calls") or []:
                 function = call.get("function") or {}
-                blocks.append(
-                    {
-                        "type": "tool_use",
-                        "id": str(call.get("id") or ""),
-                        "name": str(function.get("name") or ""),
-                        "input": _arguments(function.get("arguments")),
-                    }
-                )
+                arguments = _arguments(function.get("arguments"))
+                uses.append((str(call.get("id") or ""), str(function.get("name") or ""), arguments))
+            blocks += [{"type": "tool_use", "id": i, "name": name, "input": given} for i, name, given in uses]
             out.append({"type": "message", "message": {"role": "assistant", "content": blocks}})
         elif role == "user":
             if prompted and (text.startswith("Format error:") or text.strip() == CUT_NOTICE):
                 continue
-            said = USER_AGENT_PREFIX + text if prompted and not text.startswith("Observation: ") else text
+            said = USER_AGENT_PREFIX + text if prompted and not text.startswith(OBSERVATION) else text
             prompted = True
             out.append({"type": "message", "message": {"role": "user", "content": [{"type": "text", "text": said}]}})
     flush()
@@ -594,23 +608,33 @@ def trace_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def dispatches_of(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The tool calls of a transcript as Claw-Eval's `ToolDispatch`es (JSON), each with the answer
-    its tool message shows. That answer is what the harness made of the service's: the `functions`
-    harness shows an error as `Error (HTTP <status>): <body>` and a success as the body alone (so
-    a success is recorded as status 200, whatever 2xx it was), the `assistant` harness's
-    `http_request` as `HTTP <status>` and then the same. A call of no task tool is status 404 (as
-    Claw-Eval records one), a service that did not answer 500; a call the harness refused before
-    it reached a service (malformed), and the `assistant` harness's own tools (its shell too), are
-    not dispatches. An `http_request` is the task tool whose endpoint it names, or `http_request`."""
+    its tool message shows (a `react` action's: the `Observation:` after it). That answer is what
+    the harness made of the service's: the `functions` and `react` harnesses show an error as
+    `Error (HTTP <status>): <body>` and a success as the body alone (so a success is recorded as
+    status 200, whatever 2xx it was), the `assistant` harness's `http_request` as `HTTP <status>`
+    and then the same. A call of no task tool is status 404 (as Claw-Eval records one), a service
+    that did not answer 500; a call the harness refused before it reached a service (malformed:
+    answered `Error: ` and its format error, or `Format error:`), and the `assistant` harness's own
+    tools (its shell too), are not dispatches. An `http_request` is the task tool whose endpoint it
+    names, or `http_request`."""
     by_name = {t["name"]: t for t in tools}
     by_place = {_loopback(t["url"]): t for t in tools}
     answers = {str(m.get("tool_call_id")): _text(m.get("content")) for m in messages if m.get("role") == "tool"}
+    react = _react_calls(messages)
     found = []
-    calls = [call for m in messages if m.get("role") == "assistant" for call in m.get("tool_calls") or []]
-    for call in calls:
-        function = call.get("function") or {}
-        name, arguments = str(function.get("name") or ""), _arguments(function.get("arguments"))
-        call_id = str(call.get("id") or "")
-        answer = answers.get(call_id, "")
+    calls: list[tuple[str, str, dict[str, Any], str, dict[str, Any] | None]] = []
+    for index, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        if index in react:
+            acted = react[index]
+            calls.append((acted.call_id, acted.name, acted.arguments, acted.answer, None))
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            call_id = str(call.get("id") or "")
+            name, arguments = str(function.get("name") or ""), _arguments(function.get("arguments"))
+            calls.append((call_id, name, arguments, answers.get(call_id, ""), message))
+    for call_id, name, arguments, answer, reply in calls:
         body: Any
         if name in by_name:
             url, body = by_name[name]["url"], arguments
@@ -622,7 +646,8 @@ def dispatches_of(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -
         elif name == "http_request":
             url, body = str(arguments.get("url") or ""), arguments.get("body")
             status, shown = _answer(answer)
-            if answer.startswith("Error: only the user's services"):
+            refused = answer.startswith("Error: ") and reply is not None and answer == _refusal(reply)
+            if refused or answer.startswith("Error: only the user's services"):
                 continue  # refused by the harness: no service was asked
             if status is None:
                 status = 500
@@ -645,6 +670,65 @@ def dispatches_of(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -
     return found
 
 
+class _ReactCall(NamedTuple):
+    call_id: str
+    """`react_<index>`, the index of its reply in the transcript (the harness's calls have no ids)."""
+    thought: str
+    name: str
+    arguments: dict[str, Any]
+    answer: str
+    """The observation: the tool's answer as the harness showed it."""
+
+
+_REACT_ACTION = re.compile(r"^Action:\s*(\S+)\s*\nAction Input:\s*(.*)$", re.MULTILINE | re.DOTALL)
+_REACT_FINAL = re.compile(r"^Final Answer:", re.MULTILINE)
+
+
+def _react_calls(messages: list[dict[str, Any]]) -> dict[int, _ReactCall]:
+    """The `react` harness's actions in a transcript, by the index of the reply that made each: a
+    reply without tool calls whose text holds an `Action:` and its `Action Input:` (read as
+    `ReactHarness.parse` reads them: a `Final Answer:` before them makes the reply no action, the
+    input is the JSON object on its first line), answered by the next message, a user message
+    `Observation: ...` (the loop's cut notice after it is not part of the answer). A reply the
+    harness refused is answered `Format error: ...` instead: no action."""
+    found = {}
+    for index, (reply, after) in enumerate(pairwise(messages)):
+        if reply.get("role") != "assistant" or reply.get("tool_calls") or after.get("role") != "user":
+            continue
+        text, answer = _text(reply.get("content")), _text(after.get("content"))
+        action, final = _REACT_ACTION.search(text), _REACT_FINAL.search(text)
+        if action is None or not answer.startswith(OBSERVATION) or (final and final.start() < action.start()):
+            continue
+        given = action.group(2).strip()
+        found[index] = _ReactCall(
+            call_id=f"react_{index}",
+            thought=text[: action.start()].strip(),
+            name=action.group(1),
+            arguments=_arguments(given.splitlines()[0] if given else "{}"),
+            answer=answer[len(OBSERVATION) :].removesuffix(f"\n\n{CUT_NOTICE}"),
+        )
+    return found
+
+
+def _refusal(reply: dict[str, Any]) -> str | None:
+    """What the `assistant` harness answered every call of `reply` with when it refused the reply
+    as malformed (`Error: ` and its format error: an unknown tool, arguments that are no JSON
+    object, an `http_request` without a string `url`, ...), or None when it ran the calls."""
+    calls = []
+    try:
+        for call in reply.get("tool_calls") or []:
+            function = call.get("function") or {}
+            arguments = function.get("arguments")
+            given = arguments if isinstance(arguments, str) else json.dumps(_arguments(arguments))
+            calls.append(ToolCall(str(call.get("id") or ""), str(function.get("name") or ""), given))
+        AssistantHarness().parse(Reply(content=_text(reply.get("content")), tool_calls=calls))
+    except FormatError as error:
+        return f"Error: {error}"
+    except RecursionError:  # arguments nested too deeply to parse: no answer of the harness
+        pass
+    return None
+
+
 def _answer(text: str) -> tuple[int | None, str]:
     """(status, body) of a tool's answer as the harness shows it: `HTTP 429` then the rest (the
     `assistant` harness's `http_request`) -> (429, the rest's body); `Error (HTTP 429): body` ->
@@ -660,16 +744,33 @@ def _answer(text: str) -> tuple[int | None, str]:
 
 def _json_or_text(text: str) -> Any:
     try:
-        return json.loads(text)
+        return _bounded_json(text)
     except ValueError:
         return text
+
+
+def _bounded_json(data: str | bytes) -> Any:
+    """JSON the sandbox sent (or a model wrote), parsed: ValueError when it is none, nested too
+    deeply to parse included, or nested deeper than `MAX_DEPTH`."""
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
+    levels = [(value, 1)]
+    while levels:  # not recursive: it walks what the parser made
+        item, depth = levels.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_DEPTH:
+                raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels")
+            levels.extend((inner, depth + 1) for inner in (item.values() if isinstance(item, dict) else item))
+    return value
 
 
 def _arguments(raw: Any) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
     try:
-        parsed = json.loads(raw or "{}")
+        parsed = _bounded_json(raw or "{}")
     except (TypeError, ValueError):
         return {}
     return parsed if isinstance(parsed, dict) else {}
@@ -692,7 +793,7 @@ def _parse(submission: str) -> dict[str, Any] | str:
     """The parts of a submission, or why it is none (it passed through a sandbox's hands)."""
     try:
         data = json.loads(submission) if submission.strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return "the submission is not JSON"
     if not isinstance(data, dict):
         return "the submission is not a JSON object"

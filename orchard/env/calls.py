@@ -127,8 +127,12 @@ class HttpAnswer:
         return _text(self.body)
 
     def json(self) -> Any:
-        """The body parsed as JSON (ValueError when it is not)."""
-        return json.loads(self.body)
+        """The body parsed as JSON (ValueError when it is not, nested too deeply to parse included:
+        the service is in the sandbox)."""
+        try:
+            return json.loads(self.body)
+        except RecursionError:
+            raise ValueError("the body is JSON nested too deeply to parse") from None
 
 
 class Response(Protocol):
@@ -217,7 +221,7 @@ def raise_for_status(response: Response) -> None:
         body = response.json()
         detail = body.get("detail")  # a 422's is FastAPI's list of problems; `message` has them in a line
         message = (detail if isinstance(detail, str) else body.get("message")) or body.get("error") or response.text
-    except ValueError:
+    except (ValueError, RecursionError, AttributeError):  # not JSON, nested too deeply, or not an object
         message = response.text or response.reason_phrase
     if not isinstance(message, str):
         message = str(message)
@@ -274,7 +278,7 @@ def split_exec_answer(body: bytes) -> tuple[dict[str, Any], bytes, bytes]:
     line_end = body.find(b"\n", 0, EXEC_LINE_LIMIT)
     try:
         facts = json.loads(body[:line_end]) if line_end >= 0 else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to parse
         facts = None
     if not isinstance(facts, dict):
         raise AgentError(f"the agent's answer to a command does not start with a JSON line of facts: {body[:80]!r}")
@@ -361,7 +365,7 @@ def http_answer(max_bytes: int) -> Callable[[Response], HttpAnswer]:
     def read(response: Response) -> HttpAnswer:
         try:
             data = response.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply to parse
             raise AgentError(f"the answer to an HTTP call is not JSON: {response.content[:80]!r}") from None
         if not isinstance(data, dict):
             raise AgentError("the answer to an HTTP call is not a JSON object")
@@ -947,10 +951,11 @@ async def asend(channel: AsyncChannel, call: Call) -> Any:
 
 
 def parse(call: Call, answer: Response) -> Any:
-    """`call.parse(answer)`; an answer not of the documented shape (a hostile agent's) is an `AgentError`."""
+    """`call.parse(answer)`; an answer not of the documented shape (a hostile agent's) is an
+    `AgentError`: JSON nested too deeply to parse (`RecursionError`) too."""
     try:
         return call.parse(answer)
     except OrchardError:
         raise
-    except (LookupError, TypeError, ValueError, AttributeError) as exc:
+    except (LookupError, TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise AgentError(f"malformed answer to {call.method} {call.path}: {type(exc).__name__} {exc}"[:300]) from None

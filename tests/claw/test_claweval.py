@@ -1,8 +1,9 @@
 """The `claw-eval` kind: task folders in Claw-Eval's format (our own, `tests/claw/data/claw-eval`:
 FastAPI mock services, three tasks with graders written against the `claw_eval` interface) run
 unchanged. Scripted agents work them in real sandboxes (the services inside, network blocked)
-under both harnesses, through `orchard eval` too; the graders run against Orchard's shim; the judge
-and the simulated user are models on a real OpenAI-compatible server on loopback."""
+under each harness (`react` too), through `orchard eval` too, hostile ones as well; the graders
+run against Orchard's shim; the judge and the simulated user are models on a real
+OpenAI-compatible server on loopback."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from sqlmodel import select
 from typer.testing import CliRunner
 
 from orchard.agents.loop import Limits
-from orchard.agents.models import ScriptedModel
+from orchard.agents.models import RecordedModel, ScriptedModel
 from orchard.claw import claweval
 from orchard.claw.claweval import COMPAT, HOME, ClawEvalTask, build_image
 from orchard.cli import app
@@ -139,7 +140,7 @@ def test_the_sandbox_holds_the_services_and_the_tasks_files_but_not_its_grader(c
         assert box.read_file("/workspace/dedupe-rules.md").startswith(b"# What counts as a duplicate")
         answer = box.http("/todo/tasks", port=9102, json={})
         assert [t["id"] for t in answer.json()["tasks"]] == ["t-1", "t-2", "t-3", "t-4", "t-5"]
-        submission = json.loads(task.conclude(box, []))
+        submission = json.loads(task.conclude(box, [], []))
         listing = json.loads(submission["env_snapshot"]["cmd:python3 grading/list_todos.py"]["stdout"])
         assert len(listing["tasks"]) == 5 and submission["problems"] == []
         assert submission["env_snapshot"]["file:dedupe-rules.md"]["content"].startswith("# What counts")
@@ -148,10 +149,11 @@ def test_the_sandbox_holds_the_services_and_the_tasks_files_but_not_its_grader(c
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("harness", HARNESSES)
-def test_the_trace_and_the_dispatches_come_from_the_transcript_under_both_harnesses(client, image, harness, tmp_path):
+@pytest.mark.parametrize("harness", [*HARNESSES, "react"])
+def test_the_trace_and_the_dispatches_come_from_the_transcript_under_each_harness(client, image, harness, tmp_path):
     """N01's to-do service answers the first create 429: the perfect script retries (robustness
-    1.0), one that gives up after it keeps half (Claw-Eval's floor)."""
+    1.0), one that gives up after it keeps half (Claw-Eval's floor). Under `react` the actions and
+    observations are text, and come out as the tool uses and results they are."""
     task = tasks()["N01_meeting_actions"]
     episode, grade = attempt(task, harness, ScriptedModel(str(SCRIPTS / "gold.json")), client, image)
     assert grade.resolved and grade.score == 1.0 and grade.checks["robustness"] == 1.0, grade
@@ -170,12 +172,19 @@ def test_the_trace_and_the_dispatches_come_from_the_transcript_under_both_harnes
     assert messages[0] == {"role": "user", "content": [{"type": "text", "text": task.prompt()}]}
     assert [m["role"] for m in messages] == ["user", *["assistant", "user"] * 5, "assistant"]
     uses = [b for m in messages for b in m["content"] if b["type"] == "tool_use"]  # the agent's own calls
-    if harness == "functions":
+    if harness in ("functions", "react"):
         assert (uses[1]["name"], uses[1]["input"]) == ("notes_get", {"note_id": "n-101"})
     else:
         assert (uses[1]["name"], uses[1]["input"]["body"]) == ("http_request", {"note_id": "n-101"})
     results = [b for m in messages for b in m["content"] if b["type"] == "tool_result"]
     assert [r["is_error"] for r in results] == [False, False, True, False, False]
+    assert (
+        [r["tool_use_id"] for r in results]
+        == [u["id"] for u in uses]
+        == [d["tool_use_id"] for d in submission["dispatches"]]
+    )
+    texts = [r["content"][0]["text"] for r in results]
+    assert "Error (HTTP 429): " in texts[2] and not [t for t in texts if t.startswith("Observation")]
     assert [title["title"] for title in submission["audit"]["todo"]["created_tasks"]] == [
         "Book the venue for the offsite",
         "Send the agenda to the team",
@@ -183,6 +192,148 @@ def test_the_trace_and_the_dispatches_come_from_the_transcript_under_both_harnes
     gives_up = json.loads((SCRIPTS / "gold.json").read_text())["N01_meeting_actions"][:3]
     _, grade = attempt(task, harness, script(tmp_path, {task.instance_id: gives_up}), client, image)
     assert grade.checks["robustness"] == 0.5 and not grade.resolved
+
+
+def dispatched_with_ids(episode: Any) -> list[dict[str, Any]]:
+    return json.loads(episode.submission)["dispatches"]
+
+
+def dispatched(episode: Any) -> list[dict[str, Any]]:
+    """The submission's dispatches, without their ids (each harness names its calls its own way)."""
+    return [{k: v for k, v in d.items() if k != "tool_use_id"} for d in dispatched_with_ids(episode)]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("instance_id", IDS)
+def test_react_dispatches_and_scores_as_functions_does(client, image, instance_id):
+    """The same gold script under `react` (text actions and observations) and `functions` (tool
+    calls): the same dispatches, the same grade."""
+    task, gold = tasks()[instance_id], ScriptedModel(str(SCRIPTS / "gold.json"))
+    (functions, by_functions), (react, by_react) = (
+        attempt(task, h, gold, client, image) for h in ("functions", "react")
+    )
+    assert dispatched(react) == dispatched(functions) and dispatched(react)
+    assert by_react.resolved and by_react.score == by_functions.score == 1.0
+    assert by_react.checks == by_functions.checks
+
+
+def call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+@pytest.mark.docker
+def test_calls_the_harness_refused_are_no_dispatches(client, image):
+    """A call the harness refused as malformed reached no service: under `assistant` its answer is
+    `Error: ` and the format error (the whole reply refused, a well-formed call in it too), under
+    `react` a `Format error:` message. A service that is not there is still a dispatch (500)."""
+    task = tasks()["N01_meeting_actions"]
+    notes_list = json.dumps({"method": "POST", "url": "http://localhost:9105/notes/list", "body": {}})
+    replies = [
+        {"role": "assistant", "tool_calls": [call("a", "http_request", '{"method": "POST"}')]},
+        {"role": "assistant", "tool_calls": [call("b", "http_request", notes_list), call("c", "shell", "{}")]},
+        {"role": "assistant", "tool_calls": [call("d", "http_request", "not json")]},
+        {"role": "assistant", "tool_calls": [call("e", "http_request", notes_list)]},
+        {"role": "assistant", "tool_calls": [call("f", "http_request", '{"url": "http://localhost:9/x"}')]},
+        {"role": "assistant", "content": "Done."},
+    ]
+    episode, _ = attempt(task, "assistant", RecordedModel(replies), client, image)
+    answers = {m["tool_call_id"]: m["content"] for m in episode.messages if m["role"] == "tool"}
+    assert answers["a"] == "Error: http_request needs a string `url`" and answers["b"] == answers["c"]
+    statuses = [(d["tool_use_id"], d["tool_name"], d["response_status"]) for d in dispatched_with_ids(episode)]
+    assert statuses == [("e", "notes_list", 200), ("f", "http_request", 500)]
+
+    replies = [
+        {"role": "assistant", "content": "Action: notes_nope\nAction Input: {}"},
+        {"role": "assistant", "content": "Action: notes_list\nAction Input: not json"},
+        {"role": "assistant", "content": "Listing them.\nAction: notes_list\nAction Input: {}"},
+        {"role": "assistant", "content": "Final Answer: Done."},
+    ]
+    episode, _ = attempt(task, "react", RecordedModel(replies), client, image)
+    assert [m["content"].split(":")[0] for m in episode.messages[3:6:2]] == ["Format error", "Format error"]
+    (listed,) = dispatched_with_ids(episode)
+    assert (listed["tool_name"], listed["response_status"]) == ("notes_list", 200)
+    assert [n["id"] for n in listed["response_body"]["notes"]][:1] == ["n-101"]
+    messages = [m["message"] for m in json.loads(episode.submission)["messages"]]
+    assert [m["role"] for m in messages] == ["user", "assistant", "assistant", "assistant", "user", "assistant"]
+    assert messages[3]["content"] == [
+        {"type": "text", "text": "Listing them."},
+        {"type": "tool_use", "id": listed["tool_use_id"], "name": "notes_list", "input": {}},
+    ]
+    (result,) = messages[4]["content"]
+    assert result["type"] == "tool_result" and result["tool_use_id"] == listed["tool_use_id"]
+
+
+FORGER = r"""
+import http.server, os, signal, threading, time
+
+for pid in filter(str.isdigit, os.listdir("/proc")):  # the task's services make way
+    try:
+        if b"mock_services/" in open(f"/proc/{pid}/cmdline", "rb").read():
+            os.kill(int(pid), signal.SIGKILL)
+    except OSError:
+        pass
+
+AUDITS = {9102: b"[" * 200_000, 9105: b'{"a": ' * 500 + b"1" + b"}" * 500}
+ANSWER = b"[" * 4000 + b"]" * 4000  # short enough for the harness to show whole
+
+
+def server(port):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = AUDITS[port] if self.path.endswith("/audit") else ANSWER
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = answer
+
+        def log_message(self, *args):
+            pass
+
+    for _ in range(100):  # until the killed service lets go of its port
+        try:
+            return http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"port {port} stayed taken")
+
+
+notes, todo = server(9105), server(9102)
+open("/tmp/forged", "w").close()
+threading.Thread(target=notes.serve_forever, daemon=True).start()
+todo.serve_forever()
+"""
+
+
+@pytest.mark.docker
+def test_services_an_agent_forged_to_nest_their_json_deeply_are_problems_not_a_crash(client, image, tmp_path):
+    """An agent with a shell replaces the task's services with its own, whose audits and answers
+    are JSON nested too deeply to parse (or deeper than `MAX_DEPTH`): the audits are named in the
+    submission's problems and left out, the answers kept as text, and the run is graded (unresolved)."""
+    task = tasks()["N01_meeting_actions"]
+    steps = [
+        {"kind": "write", "path": "forge.py", "content": FORGER},
+        {
+            "kind": "bash",
+            "command": "(setsid python3 forge.py >/dev/null 2>&1 &); for i in $(seq 100); do"
+            " test -e /tmp/forged && break; sleep 0.1; done",
+        },
+        {"kind": "call", "tool": "todo_create_task", "arguments": {"title": "Book the venue for the offsite"}},
+        {"kind": "say", "content": "I added the venue and the agenda."},
+    ]
+    episode, grade = attempt(task, "assistant", script(tmp_path, {task.instance_id: steps}), client, image)
+    submission = json.loads(episode.submission)
+    assert submission["audit"] == {}
+    assert sorted(submission["problems"]) == [
+        f"the audit of notes: JSON nested deeper than {claweval.MAX_DEPTH} levels",
+        "the audit of todo: JSON nested too deeply to parse",
+    ]
+    (created,) = submission["dispatches"]
+    assert created["response_status"] == 200 and created["response_body"] == "[" * 4000 + "]" * 4000
+    assert grade.outcome == "unresolved" and grade.error is None and grade.checks["problems"] == submission["problems"]
 
 
 @pytest.mark.docker

@@ -424,6 +424,42 @@ def test_forged_answers_are_agent_errors(forger, answer, error):
     assert "\n" not in str(caught.value) and len(str(caught.value)) < 400
 
 
+DEEP = b"[" * 200_000
+"""JSON nested deeper than Python's parser recurses: `json.loads` raises RecursionError on it."""
+
+
+def forged_status(status: int, body: bytes) -> bytes:
+    return b"HTTP/1.1 %d Oops\r\nContent-Length: %d\r\n\r\n%s" % (status, len(body), body)
+
+
+@pytest.mark.parametrize(
+    ("answer", "call", "error"),
+    [
+        (forged(DEEP), lambda box: box.http("/", port=PORT), "the answer to an HTTP call is not JSON"),
+        (forged(DEEP), lambda box: box.list_files("/"), "malformed answer to GET /files/list: RecursionError"),
+        (forged(DEEP[:60_000] + b"\n"), lambda box: box.exec("true"), "does not start with a JSON line of facts"),
+        (forged_status(500, DEEP), lambda box: box.list_files("/"), r"^HTTP 500: \[\[\["),
+        (forged_status(500, b"[1]"), lambda box: box.list_files("/"), r"^HTTP 500: \[1\]$"),
+    ],
+    ids=["http", "other-call", "exec-line", "error-answer", "error-not-an-object"],
+)
+def test_deeply_nested_json_from_the_agent_is_an_agent_error(forger, answer, call, error):
+    """JSON nested too deeply to parse (or an error answer that is JSON but no object) is a malformed
+    answer like any other: an AgentError, never a RecursionError or AttributeError out of the SDK."""
+    with pytest.raises(AgentError, match=error):
+        call(forger(answer).sandbox())
+
+
+def test_a_deeply_nested_body_is_a_value_error_of_its_json(forger):
+    """`HttpAnswer.json()` says ValueError for a body it cannot parse, so `except ValueError` holds
+    for a service that nests its JSON too deeply as for one that sends no JSON."""
+    body = base64.b64encode(DEEP).decode()
+    answer = forger(forged({**GOOD, "body": body})).sandbox().http("/", port=PORT)
+    assert answer.body == DEEP
+    with pytest.raises(ValueError, match="nested too deeply"):
+        answer.json()
+
+
 def test_a_claimed_100_mb_answer_is_refused_before_it_is_read(forger):
     def flood(conn: socket.socket, agent: ForgingAgent) -> None:
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\n")
