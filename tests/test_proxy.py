@@ -735,10 +735,12 @@ sys.addaudithook(_audit)  # audit hooks cannot be removed: it records only while
 
 
 @pytest.mark.docker
-def test_mini_swe_agent_with_litellm_is_recorded_whole_through_the_proxy(client, example_task, store, monkeypatch):
+def test_mini_swe_agent_with_litellm_is_recorded_whole_through_the_proxy_and_trains(
+    client, example_task, store, monkeypatch, tmp_path
+):
     """mini-swe-agent's own loop and its litellm model, on a real sandbox, talk to the upstream only
     through the proxy (tagged with the sandbox), and never outside loopback; the proxy records the
-    whole episode as one trajectory with a step per model call."""
+    whole episode as one trajectory with a step per model call, and SFT trains on it."""
     global _reached
     import yaml
 
@@ -800,6 +802,20 @@ def test_mini_swe_agent_with_litellm_is_recorded_whole_through_the_proxy(client,
     assert recorded[1]["content"] == sent[1]["content"]  # mini's own task prompt, as it sent it
     assert json.loads(trajectory.tools)[0]["function"]["name"] == "bash"  # mini's BASH_TOOL
     assert {c.sandbox for c in calls_of(store, "proxy-mini")} == {box.id}
+    # And it is training data: SFT of the tiny model on mini-swe-agent's recorded episode.
+    from transformers import AutoTokenizer
+
+    from orchard.train.config import SFTConfig
+    from orchard.train.sft import IGNORE, sft_examples, train_sft
+    from orchard.train.tiny import build_tiny_model
+
+    tiny = build_tiny_model(tmp_path / "tiny")
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    (example,) = sft_examples(tokenizer, ungraded_runs=["proxy-mini"], max_length=8192, store=store)
+    assert example.trained_turns == 4
+    assert "git status --short" in tokenizer.decode([t for t in example.labels if t != IGNORE])
+    result = train_sft(tiny, [example], tmp_path / "sft", SFTConfig(max_steps=1, learning_rate=1e-2, max_length=8192))
+    assert result["steps"] == 1 and result["losses"][0] > 0
 
 
 # -- training on what was recorded ---------------------------------------------------------------

@@ -164,3 +164,30 @@ def test_a_simulated_user_answers_until_its_replies_run_out(client, base_image, 
     ]
     assert json.loads(episode.submission)["said"] == ["When should I call?", "Noted: before noon."]
     assert episode.status == "completed" and len(episode.steps) == 2
+
+
+def test_a_simulated_user_played_by_a_model_answers_in_its_persona(
+    client, base_image, tmp_path, chat_server, monkeypatch
+):
+    """The user is a model given the persona: it sees the conversation with the roles turned (the
+    agent speaks as its `user`), answers a question, and ends the episode with [DONE]."""
+    persona = "You want the bank called before noon today."
+
+    def user(messages):
+        assert persona in messages[0]["content"] and messages[-1]["role"] == "user"
+        return "Before noon, please." if messages[-1]["content"].endswith("?") else "[DONE]"
+
+    url, bodies = chat_server(user)
+    task = _one(tmp_path, user={"model": "openai:judge-model", "persona": persona})
+    steps = [{"kind": "say", "content": "When should I call?"}, {"kind": "say", "content": "Noted: before noon."}]
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    episode, _ = attempt(
+        task, "functions", _steps(tmp_path, {"claw-shell": steps}), client, base_image, limits=Limits(max_steps=5)
+    )
+    assert [m["content"] for m in episode.dialogue[1:]] == [
+        "When should I call?",
+        "Before noon, please.",
+        "Noted: before noon.",
+    ]
+    assert episode.status == "completed" and len(bodies) == 2
+    assert [m["role"] for m in bodies[0]["messages"]] == ["system", "assistant", "user"]  # the task's prompt is its own
