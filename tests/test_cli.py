@@ -226,7 +226,7 @@ def test_a_refused_command_line_is_one_error_line(orchard_home):
 def test_runs_ls_kind_is_a_choice(orchard_home):
     result = runner.invoke(app, ["runs", "ls", "--kind", "bogus"])
     _one_error_line(
-        result, "--kind must be one of 'eval', 'collect', 'credit', 'sft', 'rl', 'value', 'bench', not 'bogus'"
+        result, "--kind must be one of 'eval', 'collect', 'credit', 'sft', 'rl', 'value', 'bench', 'proxy', not 'bogus'"
     )
     assert runner.invoke(app, ["runs", "ls", "--kind", "sft"]).stdout == "no runs\n"
 
@@ -343,7 +343,8 @@ def test_registries_take_a_name_or_a_full_import_path(tmp_path):
     assert harness_factory("tools") is harness_factory("orchard.agents.tools:ToolsHarness") is ToolsHarness
     assert isinstance(backend_config("orchard.env.backends.docker:DockerConfig"), DockerConfig)
     with pytest.raises(
-        ConfigError, match=r"unknown harness 'vim': use bash, tools, cli, module:Class or path/file.py:Class"
+        ConfigError,
+        match=r"unknown harness 'vim': use bash, tools, cli, functions, assistant, react, module:Class or path/file.py:Class",
     ):
         harness_factory("vim")
     with pytest.raises(ConfigError, match=r"unknown backend 'k8s': use docker, kubernetes or module:Class$"):

@@ -397,7 +397,9 @@ def test_dropped_sandboxes_time_out_where_blocked_ones_fail_and_neither_reaches_
             dropped.exec("cat /etc/resolv.conf 2>/dev/null; cat /etc/hosts").stdout
             == blocked.exec("cat /etc/resolv.conf 2>/dev/null; cat /etc/hosts").stdout
         )
-    assert set(os.listdir("/sys/class/net")) == host_links
+    # Docker's own veths (`vethXXXXXXX`) come and go with other tests' open sandboxes and builds.
+    added = {name for name in set(os.listdir("/sys/class/net")) - host_links if not name.startswith("veth")}
+    assert added == set()
 
 
 # -- the kernel's surface ------------------------------------------------------------------
