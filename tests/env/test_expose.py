@@ -541,7 +541,9 @@ def test_tunnels_held_open_stay_within_the_bounds_and_end_when_idle(hostile, rec
         assert (agent.peak, target.peak, exposure.active) == (8, 8, 8)
         assert len(expose_threads()) <= 8 * 2 + 5  # two per pair, four acceptors, the reaper
         assert wait_for(lambda: target.connections >= 16)  # the first ones went idle, new ones came
-        assert agent.peak == 8 and target.peak <= 8
+        # The host's own count: the double notices a tunnel the host closed a moment after the
+        # host has asked for the next one, so its count may pass 8 for that moment.
+        assert target.peak <= 8 and exposure.active <= 8
     assert wait_for(lambda: agent.open == 0 and target.open == 0)
     assert wait_for(lambda: not expose_threads())
 
