@@ -85,6 +85,11 @@ def _source(value: str, info: ValidationInfo) -> str:
     expanded = expand(value)
     local = _base(info) / expanded
     hub_id = expanded.count("/") == 1 and not expanded.startswith((".", "/"))
+    from orchard.tasks.loading import SCHEMES
+
+    scheme, colon, _ = expanded.partition(":")
+    if colon and scheme in SCHEMES and not local.exists():  # `miniwob:click-button`: a set a package ships
+        return expanded
     return os.path.abspath(local) if local.exists() or not hub_id else expanded
 
 

@@ -1,9 +1,10 @@
 """Harnesses (the interface a model works through), models, and the agent loop.
 
-Six harnesses ship: for software tasks `bash` (one fenced shell command per turn), `tools`
+Eight harnesses ship: for software tasks `bash` (one fenced shell command per turn), `tools`
 (function calling with a file editor), `cli` (a coding CLI's tools, ending on a plain-text
 answer); for assistant tasks (`claw`) `functions` (each service endpoint a tool) and `assistant`
-(shell, files, HTTP by URL, memory) and `react` (a text protocol, no tool schemas). `HARNESSES` names
+(shell, files, HTTP by URL, memory) and `react` (a text protocol, no tool schemas); for browser tasks (`gui`, `miniwob`) `computer`
+(screenshots, 13 tools on a 0-1000 grid) and `bid` (the page as text, elements by id). `HARNESSES` names
 them; your own is a class with the `Harness` methods, named as `path/to/file.py:ClassName` or
 `module:Class` wherever a harness name is accepted; `examples/custom_harness.py` shows one.
 """
@@ -25,6 +26,8 @@ HARNESSES: dict[str, str] = {
     "functions": "orchard.claw.harnesses:FunctionsHarness",
     "assistant": "orchard.claw.harnesses:AssistantHarness",
     "react": "orchard.claw.harnesses:ReactHarness",
+    "computer": "orchard.gui.harnesses:ComputerHarness",
+    "bid": "orchard.gui.harnesses:BidHarness",
 }
 """The harnesses that ship, by name: `name -> "module:Class"`."""
 

@@ -92,6 +92,11 @@ class Harness(Protocol):
     def format_error_messages(self, reply: Reply, error: FormatError) -> list[Message]: ...
     def encode(self, step: Step, index: int) -> Reply: ...
 
+    # Optional, for harnesses that show a live page (`orchard.gui.harnesses`); the loop asks with getattr:
+    #   opening(box) -> list of content parts    added to the first user turn, after the task's start
+    #   after_actions(box) -> list[Message]       after a turn's actions (a screenshot), unless it submitted
+    #   keep_images: int | None                   the newest images kept in the model's context
+
 
 class ToolCalling:
     """What every function-calling harness shares: an observation is the answer to its tool call,
@@ -151,6 +156,18 @@ def task_text(task: dict[str, Any]) -> str:
     """The task as the first user turn: its kind's `prompt()`, which the loop adds to the public view
     (a bare public view, without it, shows its problem statement)."""
     return str(task.get("prompt") or task["problem_statement"])
+
+
+IMAGE_CHARS = 4000
+"""What one image counts as in a rough count of a conversation's size (about 1000 tokens: a
+1280x1000 screenshot, as vision models tile it)."""
+
+
+def content_chars(content: Any) -> int:
+    """A message content's size in characters, an image counted as `IMAGE_CHARS` (not its base64)."""
+    if isinstance(content, list):
+        return sum(IMAGE_CHARS if p.get("type") == "image_url" else len(str(p.get("text", ""))) for p in content)
+    return len(str(content or ""))
 
 
 def observation_text(observation: Observation) -> str:

@@ -16,11 +16,14 @@ Observations may be text or content parts with images (`orchard.agents.base.Obse
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchard.agents.base import FormatError, Harness, Message, observation_text
@@ -115,6 +118,9 @@ def run_episode(
     in_a_row = 0
     try:
         task.start(box)
+        opening = getattr(harness, "opening", None)
+        if opening is not None:  # a harness that shows the started page (a browser's) with the task
+            messages[1]["content"] = [{"type": "text", "text": messages[1]["content"]}, *opening(box)]
         for index in range(limits.max_steps):
             if time.monotonic() - started > limits.max_seconds:
                 episode.status = "time_limit"
@@ -142,7 +148,7 @@ def run_episode(
 def _step(episode: Episode, index: int, harness: Harness, model: ModelSession, box: Sandbox, tools: Any) -> bool:
     """One turn; True when the model submitted."""
     started = time.monotonic()
-    reply = model.complete(episode.messages, tools)
+    reply = model.complete(in_context(episode.messages, getattr(harness, "keep_images", None)), tools)
     episode.messages.append(reply.message())
     log = StepLog(
         index, reply.content, [], "", None, reply.prompt_tokens, reply.completion_tokens, 0.0, reply.finish_reason
@@ -187,11 +193,36 @@ def _step(episode: Episode, index: int, harness: Harness, model: ModelSession, b
         observation = harness.execute(action, box, episode.task.workdir)
         observations.append(observation)
         episode.messages.extend(harness.observation_messages(action, observation))
+    after = getattr(harness, "after_actions", None)
+    if after is not None and observations and not submitted:  # what the turn left (a browser's page)
+        episode.messages.extend(after(box))
     log.observation = "\n".join(observation_text(o) for o in observations)
     if not submitted:
         _tell_if_cut(episode.messages, reply.finish_reason)
     log.duration = time.monotonic() - started
     return submitted
+
+
+def in_context(messages: list[Message], keep_images: int | None) -> list[Message]:
+    """The conversation as the model sees it: all of it, but for images only the newest
+    `keep_images` (None: all); older ones become a line saying so (the episode keeps them)."""
+    if keep_images is None:
+        return messages
+    seen = 0
+    shown: list[Message] = []
+    for message in reversed(messages):
+        content = message.get("content")
+        if isinstance(content, list) and any(p.get("type") == "image_url" for p in content):
+            parts = []
+            for part in reversed(content):
+                if part.get("type") == "image_url":
+                    seen += 1
+                    if seen > keep_images:
+                        part = {"type": "text", "text": "[an earlier screenshot, no longer shown]"}
+                parts.append(part)
+            message = {**message, "content": parts[::-1]}
+        shown.append(message)
+    return shown[::-1]
 
 
 def _tell_if_cut(messages: list[Message], finish_reason: str | None) -> None:
@@ -207,7 +238,10 @@ def _tell_if_cut(messages: list[Message], finish_reason: str | None) -> None:
 
 
 def save_episode(episode: Episode, *, run_id: str | None, sample: int, store: Store | None = None) -> None:
-    """The trajectory and its steps, in one transaction."""
+    """The trajectory and its steps, in one transaction; its images go to files of the run's
+    folder, which the stored messages name by path and hash (`store_images`)."""
+    where = store if store is not None else Store.open()
+    messages = store_images(episode.messages, where.runs / (run_id or "episodes") / "images")
     with session(store) as db:
         db.add(
             TrajectoryRecord(
@@ -219,7 +253,7 @@ def save_episode(episode: Episode, *, run_id: str | None, sample: int, store: St
                 sample=sample,
                 status=episode.status,
                 error=episode.error,
-                messages=json.dumps(episode.messages),
+                messages=json.dumps(messages),
                 tools=json.dumps(episode.tools),
                 patch=episode.submission,
                 steps=len(episode.steps),
@@ -246,6 +280,64 @@ def save_episode(episode: Episode, *, run_id: str | None, sample: int, store: St
                     duration=step.duration,
                 )
             )
+
+
+IMAGE_URL = "orchard-image:sha256:"
+"""How a stored message names an image kept in a file: this prefix and the PNG's SHA-256, its
+`path` beside (`store_images`, `load_images`)."""
+
+
+def store_images(messages: list[Message], folder: Path) -> list[Message]:
+    """`messages` with each inline image (a `data:` URL) written to `folder/SHA256.png` and named
+    by hash and path instead; the messages themselves are left as they are."""
+
+    def stored(url: str, part: dict[str, Any]) -> dict[str, Any]:
+        if not (url.startswith("data:image/") and ";base64," in url):
+            return part
+        data = base64.b64decode(url.split(",", 1)[1])
+        digest = hashlib.sha256(data).hexdigest()
+        path = folder / f"{digest}.png"
+        if not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        return {"type": "image_url", "image_url": {"url": IMAGE_URL + digest}, "path": str(path)}
+
+    return _map_images(messages, stored)
+
+
+def load_images(messages: list[Message]) -> list[Message]:
+    """Stored messages with their images inline again (`data:` URLs), each file checked against its
+    hash; an image whose file is gone or changed stays a reference (a reader of old runs shows
+    what is left)."""
+
+    def loaded(url: str, part: dict[str, Any]) -> dict[str, Any]:
+        if not (url.startswith(IMAGE_URL) and part.get("path")):
+            return part
+        try:
+            data = Path(str(part["path"])).read_bytes()
+        except OSError:
+            return part
+        if hashlib.sha256(data).hexdigest() != url.removeprefix(IMAGE_URL):
+            return part
+        return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}}
+
+    return _map_images(messages, loaded)
+
+
+def _map_images(messages: list[Message], change: Callable[[str, dict[str, Any]], dict[str, Any]]) -> list[Message]:
+    """New messages, each image part replaced by `change(its url, part)`; other parts kept."""
+    mapped: list[Message] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "image_url":
+                    part = change(str((part.get("image_url") or {}).get("url", "")), part)
+                parts.append(part)
+            message = {**message, "content": parts}
+        mapped.append(message)
+    return mapped
 
 
 def record_verdict(trajectory_id: str, outcome: str, resolved: bool, *, store: Store | None = None) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from orchard.agents.base import Harness, Message, Reply, Step, ToolCall
+from orchard.agents.base import Harness, Message, Reply, Step, ToolCall, content_chars
 from orchard.errors import ConfigError, OrchardError
 from orchard.registry import load
 
@@ -79,7 +79,7 @@ class ScriptedSession:
         step = self.steps[self.index] if self.index < len(self.steps) else Step("submit")
         self.index += 1
         reply = self.harness.encode(step, self.index)
-        reply.prompt_tokens = sum(len(str(m.get("content") or "")) for m in messages) // 4
+        reply.prompt_tokens = sum(content_chars(m.get("content")) for m in messages) // 4
         reply.completion_tokens = max(1, len(reply.content) // 4 + sum(len(c.arguments) for c in reply.tool_calls) // 4)
         return reply
 
@@ -402,6 +402,10 @@ class TransformersModel:
     def from_spec(
         cls, argument: str, *, max_tokens: int = 256, temperature: float = 0.0, **_: Any
     ) -> TransformersModel:
+        from orchard.agents.vision import VisionModel, holds_image_processor
+
+        if cls is TransformersModel and holds_image_processor(argument):  # a vision-language model's folder
+            return VisionModel(argument, max_new_tokens=max_tokens, temperature=temperature)
         return cls(argument, max_new_tokens=max_tokens, temperature=temperature)
 
     @property
@@ -418,7 +422,10 @@ class TransformersModel:
         )
         prompt_ids = list(prompt["input_ids"])
         completion = self._generate(prompt_ids)
-        text = str(self.tokenizer.decode(completion, skip_special_tokens=True))
+        text = str(self.tokenizer.decode(completion, skip_special_tokens=False))
+        for special in self.tokenizer.all_special_tokens:  # not the tool-call markers some tokenizers mark special
+            if special not in ("<tool_call>", "</tool_call>"):
+                text = text.replace(special, "")
         calls = []
         for index, raw in enumerate(_TOOL_CALL.findall(text)):
             try:

@@ -3,7 +3,8 @@
 One line per trajectory: `tools` (the tool schemas offered, as a JSON string; `null` for a
 text-only harness), `messages` (OpenAI-style chat messages with `tool_calls`), and `metadata` (a
 JSON string: instance id, harness, model, status, `verify_status` and `resolved` from the
-grader, steps, tokens, the final patch). Import accepts `tools` and `metadata` as strings or
+grader, steps, tokens, the final patch). Images the store keeps as files are inlined again (`data:`
+URLs), so a line stands alone. Import accepts `tools` and `metadata` as strings or
 objects, rebuilds the steps from the messages, and skips trajectories already in the store.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from sqlmodel import col, select
 
+from orchard.agents.loop import load_images
 from orchard.errors import ConfigError
 from orchard.store import StepRecord, Store, TrajectoryRecord, session
 
@@ -48,7 +50,11 @@ def export_lines(*, run_id: str | None = None, store: Store | None = None) -> It
             "patch": record.patch,
         }
         yield json.dumps(
-            {"tools": record.tools, "messages": json.loads(record.messages), "metadata": json.dumps(metadata)}
+            {
+                "tools": record.tools,
+                "messages": load_images(json.loads(record.messages)),
+                "metadata": json.dumps(metadata),
+            }
         )
 
 

@@ -455,29 +455,31 @@ def check_port(port: Any, what: str = "port") -> int:
     return port
 
 
-def tunnel_request(port: int, wait: float, auth: str) -> bytes:
+def tunnel_request(port: int, wait: float, auth: str, route: str = "/accept") -> bytes:
     """`POST /accept` (upgrade to `orchard-tunnel`): the next connection made to `port` in the
-    sandbox, once one comes within `wait` seconds. The body names the port only: no address."""
+    sandbox, once one comes within `wait` seconds; `POST /connect`: a connection of the agent to
+    `port`, made within `wait` seconds. The body names the port only: no address."""
     body = json.dumps({"port": check_port(port), "timeout": wait}).encode()
     head = (
-        f"POST /accept HTTP/1.1\r\nHost: agent\r\nAuthorization: {auth}\r\nConnection: Upgrade\r\n"
+        f"POST {route} HTTP/1.1\r\nHost: agent\r\nAuthorization: {auth}\r\nConnection: Upgrade\r\n"
         f"Upgrade: {TUNNEL_UPGRADE}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     return head.encode("latin-1") + body
 
 
-def tunnel_answer(head: bytes) -> tuple[int, int]:
-    """The status of the agent's answer to `/accept` (its head, up to the blank line) and its
-    body's length: 101 (the tunnel is open; it must name `Upgrade: orchard-tunnel`), 204 (no
-    connection came in time; no body), or an error with a JSON body. AgentError for anything else."""
+def tunnel_answer(head: bytes, route: str = "/accept") -> tuple[int, int]:
+    """The status of the agent's answer to `/accept` or `/connect` (its head, up to the blank
+    line) and its body's length: 101 (the tunnel is open; it must name `Upgrade: orchard-tunnel`),
+    204 (no connection came in time; no body), or an error with a JSON body. AgentError for
+    anything else."""
     lines = head.split(b"\r\n")
     if len(head) > TUNNEL_MAX_HEAD or len(lines) > TUNNEL_MAX_HEADERS + 3:
         raise AgentError(
-            f"the agent's answer to /accept has a head over {TUNNEL_MAX_HEAD} bytes or {TUNNEL_MAX_HEADERS} lines"
+            f"the agent's answer to {route} has a head over {TUNNEL_MAX_HEAD} bytes or {TUNNEL_MAX_HEADERS} lines"
         )
     parts = lines[0].split(b" ", 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not (parts[1].isdigit() and len(parts[1]) == 3):
-        raise AgentError(f"the agent's answer to /accept is not HTTP: {lines[0][:80]!r}")
+        raise AgentError(f"the agent's answer to {route} is not HTTP: {lines[0][:80]!r}")
     headers = {}
     for line in lines[1:]:
         name, _, value = line.decode("latin-1").partition(":")
@@ -485,7 +487,7 @@ def tunnel_answer(head: bytes) -> tuple[int, int]:
     status = int(parts[1])
     if status == 101 and headers.get("upgrade", "").lower() != TUNNEL_UPGRADE:
         raise AgentError(
-            f"the agent switched /accept to {headers.get('upgrade', 'nothing')!r:.40}, not {TUNNEL_UPGRADE}"
+            f"the agent switched {route} to {headers.get('upgrade', 'nothing')!r:.40}, not {TUNNEL_UPGRADE}"
         )
     if status in (101, 204):
         return status, 0

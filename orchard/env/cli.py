@@ -337,6 +337,26 @@ def image_build_agent(
     typer.echo(images.build_agent(tag, force=force))
 
 
+@command(image_app, "build-browser")
+def image_build_browser(
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
+) -> None:
+    """Build the browser image GUI tasks run in: the base image with Debian's Chromium and fonts (no download)."""
+    from orchard.env import images
+
+    typer.echo(images.build_browser(force=force, log=typer.echo))
+
+
+@command(image_app, "build-miniwob")
+def image_build_miniwob(
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
+) -> None:
+    """Build the MiniWoB++ image: the browser image with the pages of the PyPI package `miniwob`."""
+    from orchard.gui.miniwob import build_image
+
+    typer.echo(build_image(force=force, log=typer.echo))
+
+
 @command(image_app, "build-claw-eval")
 def image_build_claw_eval(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,

@@ -289,6 +289,34 @@ class Sandbox:
             lambda: Exposure(endpoint, port, target, max_connections=max_connections, idle_timeout=idle_timeout),
         )
 
+    def connect(self, port: int, *, timeout: float = 10.0) -> socket.socket:
+        """A connected socket to `127.0.0.1:port` inside the sandbox: its agent connects there
+        (`POST /connect`) and carries the raw bytes both ways, so nothing is published and a
+        `blocked` network is fine (a browser's DevTools port is driven this way). The socket is
+        yours to close; what comes through it is the sandbox's, to be taken as hostile input.
+        `AgentError` when nothing listens there or no connection is made within `timeout` seconds.
+        Needs a direct client, as `expose` does."""
+        if self._deleted:
+            raise SandboxError(f"sandbox {self.id} was deleted")
+        if not isinstance(self._http, AgentChannel):
+            raise ConfigError(_EXPOSE_NEEDS_AGENT.replace("expose", "connect", 1))
+        if not (isinstance(timeout, int | float) and 0 < timeout <= TUNNEL_MAX_WAIT):
+            raise InvalidRequest(f"timeout must be a number of seconds above 0, at most {TUNNEL_MAX_WAIT:g}")
+        endpoint = self._http.endpoint
+        sock = connect_agent(endpoint, EXPOSE_CONNECT_SECONDS)
+        try:
+            sock.settimeout(timeout + EXPOSE_CONNECT_SECONDS)
+            sock.sendall(tunnel_request(port, timeout, f"Bearer {endpoint.token}", "/connect"))
+            head = _read_head_exactly(sock, "/connect")
+            status, length = tunnel_answer(head, "/connect")
+            if status != 101:
+                raise AgentError(f"HTTP {status}: {_refusal(sock, b'', length)}")
+            sock.settimeout(None)
+            return sock
+        except BaseException:
+            sock.close()
+            raise
+
     def delete(self) -> None:
         """Delete the sandbox, after closing what it exposes; idempotent (a failed delete may be retried)."""
         if self._deleted:
@@ -695,15 +723,7 @@ class Exposure:
             if time.monotonic() - started < self.wait / 2:
                 raise AgentError(f"the agent answered /accept with 204 before its {self.wait:g} s wait was over")
             return None
-        body = rest[: min(length, EXPOSE_REFUSAL)]
-        with contextlib.suppress(OSError):
-            while len(body) < min(length, EXPOSE_REFUSAL) and (chunk := sock.recv(EXPOSE_REFUSAL)):
-                body += chunk
-        try:
-            message = json.loads(body)["error"]
-        except (ValueError, KeyError, TypeError):
-            message = body[:200].decode("utf-8", "replace")
-        raise AgentError(f"HTTP {status}: {str(message)[:200]}")
+        raise AgentError(f"HTTP {status}: {_refusal(sock, rest, length)}")
 
     def _carry_pair(self, agent: socket.socket, first: bytes) -> None:
         """Connect to the target and splice it with the tunnel until both ends are done."""
@@ -811,6 +831,33 @@ def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
             raise AgentError("the agent closed the connection before answering /accept")
         data += chunk
     return bytes(data[:end]), bytes(data[end + 4 :])
+
+
+def _read_head_exactly(sock: socket.socket, route: str) -> bytes:
+    """The head of the agent's answer to `route`, read a byte at a time so that nothing past its
+    blank line is taken from the socket (the head is about 90 bytes; bounded)."""
+    data = bytearray()
+    while not data.endswith(b"\r\n\r\n"):
+        if len(data) > TUNNEL_MAX_HEAD:
+            raise AgentError(f"the agent's answer to {route} has a head over {TUNNEL_MAX_HEAD} bytes")
+        byte = sock.recv(1)
+        if not byte:
+            raise AgentError(f"the agent closed the connection before answering {route}")
+        data += byte
+    return bytes(data[:-4])
+
+
+def _refusal(sock: socket.socket, rest: bytes, length: int) -> str:
+    """The message of the agent's refusal (its JSON body's `error`), read with a bound."""
+    body = rest[: min(length, EXPOSE_REFUSAL)]
+    with contextlib.suppress(OSError):
+        while len(body) < min(length, EXPOSE_REFUSAL) and (chunk := sock.recv(EXPOSE_REFUSAL)):
+            body += chunk
+    try:
+        message = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        message = body[:200].decode("utf-8", "replace")
+    return str(message)[:200]
 
 
 def _carry(source: socket.socket, dest: socket.socket, pair: _Pair, first: bytes = b"") -> None:

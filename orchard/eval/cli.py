@@ -19,8 +19,8 @@ from orchard.registry import names
 
 app = group("Evaluation and collection.")
 
-TASKS_HELP = "Task set: JSON, JSONL, a dataset folder or a hub id."
-HARNESS_HELP = f"Harnesses, comma-separated: {names(HARNESSES, files=True)}."
+TASKS_HELP = "Task set: JSON, JSONL, a folder (a dataset, Claw-Eval tasks), a hub id, or miniwob:NAMES|all."
+HARNESS_HELP = f"Harnesses, comma-separated: {names(HARNESSES, files=True)} (default: the task kind's own)."
 MODEL_HELP = "Models, comma-separated: scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME, hf:PATH or module:Class[:ARG]."
 CONFIG_HELP = "Read the settings from this YAML file instead of flags (keys: orchard/eval/config.py)."
 MaxTokens = Annotated[int | None, typer.Option(min=1, help="Tokens per model reply (default: openai 2048, hf 256).")]
@@ -45,7 +45,7 @@ def eval_(
     ctx: typer.Context,
     tasks: Annotated[str | None, typer.Option(metavar="SOURCE", help=TASKS_HELP)] = None,
     model: Annotated[str | None, typer.Option(metavar="SPECS", help=MODEL_HELP)] = None,
-    harness: Annotated[str, typer.Option(metavar="NAMES", help=HARNESS_HELP)] = "bash",
+    harness: Annotated[str | None, typer.Option(metavar="NAMES", help=HARNESS_HELP)] = None,
     k: Annotated[int, typer.Option("--k", min=1, help="Samples per task and harness.")] = 1,
     predictions: Annotated[
         str | None,
@@ -119,7 +119,7 @@ def collect(
     ctx: typer.Context,
     tasks: Annotated[str | None, typer.Option(metavar="SOURCE", help=TASKS_HELP)] = None,
     model: Annotated[str | None, typer.Option(metavar="SPECS", help="The teachers: " + MODEL_HELP[8:])] = None,
-    harness: Annotated[str, typer.Option(metavar="NAMES", help=HARNESS_HELP)] = "bash",
+    harness: Annotated[str | None, typer.Option(metavar="NAMES", help=HARNESS_HELP)] = None,
     k: Annotated[int, typer.Option("--k", min=1, help="Samples per task and harness.")] = 1,
     repos: Annotated[Path | None, typer.Option(metavar="DIR", help="Local mirror of the repositories.")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Episodes at once.")] = 2,

@@ -132,6 +132,8 @@ class StepView:
     credit: float | None
     rise: bool
     """Whether the step is in a rise segment: its credit is at least the run's epsilon."""
+    screenshot: str | None = None
+    """The file of the screenshot the step left (browser tasks), None when it left none."""
 
 
 @dataclass(frozen=True)
@@ -306,6 +308,7 @@ def trajectory_view(trajectory_id: str, *, default_epsilon: float, store: Store 
         result = db.exec(select(ResultRecord).where(ResultRecord.trajectory_id == trajectory_id)).first()
         epsilon = _rise_epsilon(db, t.run_id)
     epsilon = default_epsilon if epsilon is None else epsilon
+    shots = _screenshots(t.messages)
     return TrajectoryView(
         id=t.id,
         instance_id=t.instance_id,
@@ -325,12 +328,34 @@ def trajectory_view(trajectory_id: str, *, default_epsilon: float, store: Store 
                 s.value,
                 s.credit,
                 s.credit is not None and s.credit >= epsilon,
+                shots.get(s.index),
             )
             for s in steps
         ],
         tests=None if result is None else json.loads(result.grade).get("tests", {}),
         epsilon=epsilon,
     )
+
+
+def _screenshots(messages_json: str) -> dict[int, str]:
+    """The file of the last image shown after each step (the loop stores images as files, named by
+    path: `orchard.agents.loop.store_images`), by step index."""
+    try:
+        messages = json.loads(messages_json or "[]")
+    except ValueError:
+        return {}
+    shots: dict[int, str] = {}
+    step = -1
+    for message in messages if isinstance(messages, list) else []:
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") == "assistant":
+            step += 1
+        content = message.get("content")
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, dict) and part.get("type") == "image_url" and isinstance(part.get("path"), str):
+                shots[step] = part["path"]
+    return shots
 
 
 def _rise_epsilon(db: Session, run_id: str | None) -> float | None:

@@ -131,6 +131,9 @@ class TaskBase(BaseModel):
     """`Client.create` arguments for the task's sandboxes."""
     harnesses: ClassVar[tuple[str, ...]] = ("bash",)
     """The harnesses its tasks are worked through when a run names none."""
+    vision: ClassVar[bool] = False
+    """Whether its agents see images (a browser's screenshots): a recipe's student is then a
+    vision-language model."""
 
     instance_id: str
     kind: str

@@ -12,6 +12,8 @@ KINDS: dict[str, str] = {
     "swe": "orchard.tasks.swe:SWETask",
     "claw": "orchard.claw.task:ClawTask",
     "claw-eval": "orchard.claw.claweval:ClawEvalTask",
+    "gui": "orchard.gui.task:GuiTask",
+    "miniwob": "orchard.gui.miniwob:MiniWobTask",
 }
 """Task kinds by name: `name -> "module:Class"`."""
 

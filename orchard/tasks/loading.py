@@ -4,6 +4,7 @@
     load_tasks("path/to/saved_dataset")                  # datasets' save_to_disk folder
     load_tasks("princeton-nlp/SWE-bench_Lite", split="test")   # needs the hub (not here)
     load_tasks("claw-eval/tasks")                         # a folder of task folders (`FOLDERS`)
+    load_tasks("miniwob:click-button,enter-text")         # a benchmark shipped in a package (`SCHEMES`)
 
 Each record is validated as its kind's task class (its `kind` field, `swe` when absent); a bad
 one is reported with its line (or index) and the field, and nothing is returned for a file with a
@@ -31,6 +32,11 @@ takes the folder and returns its tasks' (where, record) pairs, each record of a 
 A folder's format is known by its layout (`folder_format`); the reader is imported only then."""
 
 
+SCHEMES: dict[str, str] = {"miniwob": "orchard.gui.miniwob:read_spec"}
+"""Task sets named `scheme:argument` (MiniWoB++'s pages, shipped in a package), by scheme: a
+function that takes the argument and returns the tasks' (where, record) pairs."""
+
+
 def folder_format(path: Path) -> str | None:
     """The `FOLDERS` format of a folder, or None: `claw-eval` where a `task.yaml` is in the folder
     (one task), in its subfolders (a tasks folder) or in those of its `tasks/` (Claw-Eval's root)."""
@@ -42,7 +48,10 @@ def folder_format(path: Path) -> str | None:
 def load_tasks(source: str | Path, *, split: str = "test", ids: Sequence[str] | None = None) -> list[Any]:
     """The tasks of `source` (a file, a dataset folder or a hub id), optionally only `ids`."""
     path = Path(source)
-    if path.is_file():
+    scheme, _, argument = str(source).partition(":")
+    if argument and scheme in SCHEMES and not path.exists():
+        records = load(SCHEMES, scheme, "task set reader")(argument)
+    elif path.is_file():
         records = read_records(path, "tasks", keys=("tasks", "instances"))
     elif path.is_dir() and (layout := folder_format(path)) is not None:
         records = load(FOLDERS, layout, "task folder reader")(path)
@@ -148,7 +157,7 @@ def _validate(records: Iterable[tuple[str, Any]], source: str, folder: Path | No
         except ConfigError as exc:
             raise ConfigError(f"{source}, {where}: {exc}") from None
         try:
-            task = cls.model_validate(record)
+            task = cls.model_validate(record, context={"folder": folder})
         except ValidationError as exc:
             error = exc.errors()[0]
             field = ".".join(str(p) for p in error["loc"]) or "task"

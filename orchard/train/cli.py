@@ -1,4 +1,4 @@
-"""The training commands: `orchard train swe|claw|value`, `orchard model tiny|smollm2`, and `orchard demo`.
+"""The training commands: `orchard train swe|claw|gui|value`, `orchard model tiny|smollm2`, and `orchard demo`.
 
 torch, transformers and TRL are imported inside the commands, so `orchard --help` stays fast.
 """
@@ -45,6 +45,18 @@ def train_claw(
     """Run the Claw recipe (assistant tasks): the same stages as swe, graded by score, pass@k and pass^k.
 
     On several GPUs: accelerate launch --num_processes N -m orchard train claw --config FILE."""
+    _train(config)
+
+
+@command(train_app, "gui")
+def train_gui(
+    config: Annotated[
+        Path, typer.Option("--config", metavar="FILE", help="The recipe, e.g. examples/configs/gui-tiny.yaml.")
+    ],
+) -> None:
+    """Run the GUI recipe (browser tasks): the same stages as swe, a vision-language student, screenshots in SFT.
+
+    On several GPUs: accelerate launch --num_processes N -m orchard train gui --config FILE."""
     _train(config)
 
 

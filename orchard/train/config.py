@@ -66,6 +66,10 @@ class StudentConfig(ConfigModel):
     )
     tiny_hidden_size: int = Field(default=64, ge=1, description="hidden size of the tiny model built offline")
     tiny_layers: int = Field(default=2, ge=1, description="layers of the tiny model built offline")
+    vision: bool | None = Field(
+        default=None,
+        description="the tiny model sees images (a Qwen2-VL-style model); none: when the tasks' kind shows images",
+    )
 
 
 class CollectConfig(ConfigModel):

@@ -115,23 +115,21 @@ class SFTExample:
         return {"input_ids": self.input_ids, "labels": self.labels, "harness": self.harness}
 
 
-def sft_examples(
-    tokenizer: Any,
+def trained_trajectories(
     *,
     runs: Sequence[str] | None = None,
     harnesses: Sequence[str] | None = None,
     epsilon: float = EPSILON,
-    max_length: int | None = 4096,
     filters: SFTFilters | None = None,
     store: Store | None = None,
     ungraded_runs: Sequence[str] = (),
-) -> list[SFTExample]:
-    """Training examples from stored trajectories (of `runs` and `ungraded_runs`, or all when
-    neither is given): resolved whole, unresolved by their rise segments (credit assignment must
-    have run on them; without credits they are skipped). `filters` leave out trajectories, never
-    delete them: collection keeps everything.
+) -> list[tuple[TrajectoryRecord, set[int] | None]]:
+    """The stored trajectories that train (of `runs` and `ungraded_runs`, or all when neither is
+    given), each with the assistant turns that do: None for all (resolved), its rise-segment turns
+    for an unresolved one (credit assignment must have run on it; without credits it is left out).
+    `filters` leave out trajectories, never delete them: collection keeps everything.
 
-    Trajectories no grader saw (`resolved` None) are skipped, except those of `ungraded_runs`: they
+    Trajectories no grader saw (`resolved` None) are left out, except those of `ungraded_runs`: they
     train whole, as if resolved (the conversations an `orchard proxy` run recorded, whose harness is
     trusted to have done its task)."""
     filters = filters or SFTFilters()
@@ -149,27 +147,42 @@ def sft_examples(
             )
             for t in trajectories
         }
-    examples = []
+    chosen: list[tuple[TrajectoryRecord, set[int] | None]] = []
     for trajectory in trajectories:
         ungraded = trajectory.resolved is None
         if (ungraded and trajectory.run_id not in trusted) or not filters.keeps(trajectory, steps[trajectory.id]):
             continue
         if trajectory.resolved or ungraded:
-            turns: set[int] | None = None
-        else:
-            turns = {s.index for s in steps[trajectory.id] if s.credit is not None and s.credit >= epsilon}
-            if not turns:
-                continue
-        built = token_labels(
-            tokenizer, json.loads(trajectory.messages), json.loads(trajectory.tools), turns, max_length
-        )
+            chosen.append((trajectory, None))
+            continue
+        turns = {s.index for s in steps[trajectory.id] if s.credit is not None and s.credit >= epsilon}
+        if turns:
+            chosen.append((trajectory, turns))
+    return chosen
+
+
+def sft_examples(
+    tokenizer: Any,
+    *,
+    runs: Sequence[str] | None = None,
+    harnesses: Sequence[str] | None = None,
+    epsilon: float = EPSILON,
+    max_length: int | None = 4096,
+    filters: SFTFilters | None = None,
+    store: Store | None = None,
+    ungraded_runs: Sequence[str] = (),
+) -> list[SFTExample]:
+    """Training examples from stored trajectories (`trained_trajectories`): resolved whole,
+    unresolved by their rise segments."""
+    examples = []
+    for trajectory, turns in trained_trajectories(
+        runs=runs, harnesses=harnesses, epsilon=epsilon, filters=filters, store=store, ungraded_runs=ungraded_runs
+    ):
+        messages = json.loads(trajectory.messages)
+        built = token_labels(tokenizer, messages, json.loads(trajectory.tools), turns, max_length)
         if built is None:
             continue
-        count = (
-            len([m for m in json.loads(trajectory.messages) if m["role"] == "assistant"])
-            if turns is None
-            else len(turns)
-        )
+        count = len([m for m in messages if m["role"] == "assistant"]) if turns is None else len(turns)
         examples.append(
             SFTExample(
                 trajectory.id, trajectory.harness, bool(trajectory.resolved), count, built["input_ids"], built["labels"]
@@ -178,27 +191,11 @@ def sft_examples(
     return examples
 
 
-def train_sft(
-    model_path: str | Path,
-    examples: Sequence[SFTExample],
-    output_dir: str | Path,
-    config: SFTConfig | None = None,
-    callbacks: list | None = None,
-) -> dict[str, Any]:
-    """One TRL SFT run on pre-tokenized examples, TRL's arguments taken from `config`; the model is
-    saved to `output_dir`."""
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def trl_arguments(config: SFTConfig, output_dir: str | Path, **extra: Any) -> Any:
+    """TRL's `SFTConfig` for a run of `config` on examples labelled here (TRL prepares nothing)."""
     from trl import SFTConfig as TRLArguments
-    from trl import SFTTrainer
 
-    if not examples:
-        raise ConfigError("no SFT examples: collect trajectories and run credit assignment first")
-    config = config or SFTConfig()
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path)
-    peft_config = lora_config(config.lora_rank) if config.lora else None
-    args = TRLArguments(
+    return TRLArguments(
         output_dir=str(output_dir),
         learning_rate=config.learning_rate,
         max_steps=config.max_steps,
@@ -212,7 +209,30 @@ def train_sft(
         **shared_args(),
         dataset_kwargs={"skip_prepare_dataset": True},
         remove_unused_columns=False,
+        **extra,
     )
+
+
+def train_sft(
+    model_path: str | Path,
+    examples: Sequence[SFTExample],
+    output_dir: str | Path,
+    config: SFTConfig | None = None,
+    callbacks: list | None = None,
+) -> dict[str, Any]:
+    """One TRL SFT run on pre-tokenized examples, TRL's arguments taken from `config`; the model is
+    saved to `output_dir`."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTTrainer
+
+    if not examples:
+        raise ConfigError("no SFT examples: collect trajectories and run credit assignment first")
+    config = config or SFTConfig()
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    peft_config = lora_config(config.lora_rank) if config.lora else None
+    args = trl_arguments(config, output_dir)
     dataset = Dataset.from_list([{"input_ids": e.input_ids, "labels": e.labels} for e in examples])
     trainer = SFTTrainer(
         model=model,

@@ -57,7 +57,8 @@ def run_swe(config: SWEConfig, *, log: Log = print, store: Store | None = None) 
 
     def setup() -> tuple[dict[str, str], str]:
         log(f"[setup] {len(tasks)} tasks; building their images")
-        return {t.instance_id: t.sandbox_image(prepare) for t in tasks}, _student(config, work, log)
+        vision = config.student.vision if config.student.vision is not None else all(type(t).vision for t in tasks)
+        return {t.instance_id: t.sandbox_image(prepare) for t in tasks}, _student(config, work, log, vision)
 
     images, student = launch.once(setup)
     summary: dict[str, Any] = {"student": student}
@@ -91,7 +92,7 @@ def run_swe(config: SWEConfig, *, log: Log = print, store: Store | None = None) 
     return summary
 
 
-def _student(config: SWEConfig, work: Path, log: Log) -> str:
+def _student(config: SWEConfig, work: Path, log: Log, vision: bool = False) -> str:
     if config.student.path:
         return config.student.path
     if config.student.smollm2:
@@ -102,12 +103,14 @@ def _student(config: SWEConfig, work: Path, log: Log) -> str:
             log(f"[setup] converting SmolLM2-135M-Instruct into {folder}")
             convert_smollm2(folder)
         return str(folder)
-    folder = work / "student-base"
+    folder = work / ("student-base-vl" if vision else "student-base")
     if not (folder / "config.json").is_file():
         from orchard.train.tiny import build_tiny_model
+        from orchard.train.tiny_vlm import build_tiny_vlm
 
-        log(f"[setup] building a tiny student offline in {folder}")
-        build_tiny_model(folder, hidden_size=config.student.tiny_hidden_size, layers=config.student.tiny_layers)
+        log(f"[setup] building a tiny {'vision-language ' if vision else ''}student offline in {folder}")
+        build = build_tiny_vlm if vision else build_tiny_model
+        build(folder, hidden_size=config.student.tiny_hidden_size, layers=config.student.tiny_layers)
     return str(folder)
 
 
@@ -242,15 +245,18 @@ def _sft(
 
     from transformers import AutoTokenizer
 
+    from orchard.agents.vision import holds_image_processor
     from orchard.train.sft import SFTFilters, sft_examples, train_sft
     from orchard.train.tracking import StoreMetrics
 
-    tokenizer = AutoTokenizer.from_pretrained(student)
     filters = SFTFilters(
         max_tokens=config.sft.max_tokens,
         drop_unparsable=config.sft.drop_unparsable,
         drop_undefined_tools=config.sft.drop_undefined_tools,
     )
+    if holds_image_processor(student):
+        return _vision_sft(config, student, work, runs, run_id, store, filters)
+    tokenizer = AutoTokenizer.from_pretrained(student)
     examples = sft_examples(
         tokenizer,
         runs=runs,
@@ -264,6 +270,49 @@ def _sft(
     result["by_harness"] = dict(Counter(e.harness for e in examples))
     result["resolved_examples"] = sum(e.resolved for e in examples)
     result["partial_examples"] = sum(not e.resolved for e in examples)
+    return result
+
+
+def _vision_sft(
+    config: SWEConfig, student: str, work: Path, runs: list[str], run_id: str, store: Store | None, filters: Any
+) -> dict[str, Any]:
+    """SFT of a vision-language student: the same trajectories and turns, their screenshots in the
+    batch as the model saw them (only the newest its harness kept in context)."""
+    import json
+    from collections import Counter
+
+    from orchard.agents import harness_factory
+    from orchard.agents.loop import load_images
+    from orchard.agents.vision import load_processor
+    from orchard.train.sft import trained_trajectories
+    from orchard.train.tracking import StoreMetrics
+    from orchard.train.vision_sft import train_vision_sft, vision_examples
+
+    processor = load_processor(student)
+    examples: list[dict[str, Any]] = []
+    harnesses: Counter[str] = Counter()
+    resolved = 0
+    for trajectory, turns in trained_trajectories(
+        runs=runs, epsilon=config.credit.epsilon, filters=filters, store=store, ungraded_runs=config.sft.proxy_runs
+    ):
+        keep = getattr(harness_factory(trajectory.harness)(), "keep_images", None)
+        made = vision_examples(
+            processor,
+            load_images(json.loads(trajectory.messages)),
+            json.loads(trajectory.tools),
+            turns,
+            config.sft.max_length,
+            keep_images=keep,
+        )
+        examples += made
+        harnesses[trajectory.harness] += len(made)
+        resolved += len(made) if trajectory.resolved else 0
+    result = train_vision_sft(
+        student, examples, work / "sft", config.sft, callbacks=[StoreMetrics(run_id, store=store)]
+    )
+    result["by_harness"] = dict(harnesses)
+    result["resolved_examples"] = resolved
+    result["partial_examples"] = len(examples) - resolved
     return result
 
 
@@ -302,13 +351,13 @@ def _rl(
 def _value(
     config: SWEConfig, student: str, work: Path, runs: list[str], run_id: str, store: Store | None
 ) -> dict[str, Any]:
+    from orchard.agents.vision import holds_image_processor
     from orchard.train.tracking import StoreMetrics
-    from orchard.train.value import graded_trajectories, train_value
+    from orchard.train.value import graded_trajectories, text_backbone, train_value
 
     trajectories = graded_trajectories(runs, store=store)
-    return train_value(
-        student, trajectories, work / "value", config.value, callbacks=[StoreMetrics(run_id, store=store)]
-    )
+    base = text_backbone(student, work / "value-base") if holds_image_processor(student) else student
+    return train_value(base, trajectories, work / "value", config.value, callbacks=[StoreMetrics(run_id, store=store)])
 
 
 def _eval(
@@ -318,6 +367,7 @@ def _eval(
     held out of training): the model x harness matrix; the policy's samples reranked."""
     from orchard.agents.loop import Limits
     from orchard.agents.models import TransformersModel
+    from orchard.agents.vision import VisionModel, holds_image_processor
     from orchard.eval.agent import agent_solver
     from orchard.eval.rerank import rerank_run
     from orchard.eval.runner import evaluate
@@ -327,7 +377,10 @@ def _eval(
     passing: dict[str, dict[str, dict[str, float]]] = {}
     runs: dict[str, str] = {}
     for label, path in (("before", student), ("after", policy)):
-        model = TransformersModel(path, max_new_tokens=config.rl.max_new_tokens, temperature=0.7, name=f"hf:{label}")
+        vision = holds_image_processor(path)
+        model = (VisionModel if vision else TransformersModel)(
+            path, max_new_tokens=config.rl.max_new_tokens, temperature=0.7, name=f"hf:{label}"
+        )
         result = evaluate(
             tasks,
             config.eval.harnesses,

@@ -32,6 +32,35 @@ def graded_trajectories(runs: Sequence[str] | None = None, *, store: Store | Non
         return list(db.exec(query.order_by(col(TrajectoryRecord.created_at))))
 
 
+def text_backbone(vlm_folder: str | Path, out: str | Path) -> Path:
+    """A Qwen2 sequence classifier holding the language model of a Qwen2-VL-style model (its
+    weights, its tokenizer): the base of a value model for a vision-language student, which scores
+    trajectories as text (each screenshot a placeholder token). Written once to `out`."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
+
+    out = Path(out)
+    if (out / "config.json").is_file():
+        return out
+    vlm = AutoModelForImageTextToText.from_pretrained(str(vlm_folder))
+    language = getattr(getattr(vlm, "model", None), "language_model", None)
+    text = getattr(vlm.config, "text_config", None)
+    if language is None or text is None:
+        raise ConfigError(f"{vlm_folder} is no Qwen2-VL-style model: give the value stage a text model (value.base)")
+    fields = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"]
+    fields += ["num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "pad_token_id"]
+    config = Qwen2Config(**{name: getattr(text, name) for name in fields})
+    config.num_labels = 1
+    model = Qwen2ForSequenceClassification(config)
+    missing, unexpected = model.model.load_state_dict(language.state_dict(), strict=False)
+    if unexpected or any(not name.startswith("rotary") for name in missing):
+        raise ConfigError(
+            f"the language model of {vlm_folder} does not fit a Qwen2 model: {(missing + unexpected)[:3]}"
+        )
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(str(vlm_folder)).save_pretrained(out)
+    return out
+
+
 def train_value(
     base_model: str | Path,
     trajectories: Sequence[TrajectoryRecord],

@@ -172,6 +172,8 @@ class TrajectoryScreen(Screen):
     def __init__(self, trajectory_id: str) -> None:
         super().__init__()
         self.trajectory_id = trajectory_id
+        self.shots: dict[int, str] = {}
+        """The screenshot file each step left (browser tasks)."""
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -179,6 +181,7 @@ class TrajectoryScreen(Screen):
             yield Static(id="about")
             yield Sparkline([], id="values", summary_function=max)
             yield DataTable(id="steps", cursor_type="row")
+            yield Static(id="screenshot")
             yield Static(id="patch")
         yield Footer()
 
@@ -211,10 +214,34 @@ class TrajectoryScreen(Screen):
                 "▲" if s.rise else "",
                 Text(_one_line(action, 40)),
                 Text(_one_line(s.observation, 40)),
+                key=str(s.index),
             )
+        self.shots = {s.index: s.screenshot for s in t.steps if s.screenshot}
+        if self.shots:
+            self.show_screenshot(min(self.shots))
         tests = "\n".join(f"  {status:<8} {name}" for name, status in (t.tests or {}).items())
         patch = t.patch or "(empty patch)"
         self.query_one("#patch", Static).update(Text(f"final patch:\n{patch}\n\ntests:\n{tests or '  (not graded)'}"))
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if self.shots and event.row_key.value is not None:
+            self.show_screenshot(int(event.row_key.value))
+
+    def show_screenshot(self, index: int) -> None:
+        """The screenshot the step left (or the newest one before it), drawn, with its file."""
+        from orchard.tui.picture import half_blocks
+
+        earlier = [i for i in self.shots if i <= index]
+        shown_widget = self.query_one("#screenshot", Static)
+        shown_widget.display = bool(earlier)
+        if not earlier:
+            return
+        shown = max(earlier)
+        path = self.shots[shown]
+        width = max(20, min(100, self.size.width - 4)) if self.size.width else 80
+        picture = Text(f"screenshot after step {shown}: {path}\n")
+        picture.append_text(half_blocks(path, width))
+        shown_widget.update(picture)
 
 
 def _action_text(action: dict[str, Any]) -> str:

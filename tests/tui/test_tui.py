@@ -155,3 +155,105 @@ async def test_deleting_a_service_sandbox_goes_through_the_service(start_service
             assert client.list() == []
         with session(f"sqlite:///{db}") as db_session:
             assert db_session.get(SandboxRecord, box.id).status == "deleted"
+
+
+def _browser_trajectory(db_url: str, tmp_path) -> str:
+    """A stored browser trajectory of two steps, each leaving a screenshot (a real PNG, kept as a file
+    the way the loop stores them): red over blue after step 0, green after step 1."""
+    import io
+    import json
+
+    from PIL import Image
+
+    from orchard.agents.loop import store_images
+    from orchard.store import StepRecord, TrajectoryRecord, session
+
+    def png(top: tuple[int, int, int], bottom: tuple[int, int, int]) -> str:
+        image = Image.new("RGB", (64, 40), top)
+        image.paste(bottom, (0, 20, 64, 40))
+        out = io.BytesIO()
+        image.save(out, "PNG")
+        import base64
+
+        return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+    def shot(url: str) -> dict:
+        return {
+            "role": "user",
+            "content": [{"type": "text", "text": "URL: x"}, {"type": "image_url", "image_url": {"url": url}}],
+        }
+
+    call = {"id": "c", "type": "function", "function": {"name": "click", "arguments": "{}"}}
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "buy a lamp"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "content": "clicked"},
+        shot(png((255, 0, 0), (0, 0, 255))),
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "content": "clicked"},
+        shot(png((0, 255, 0), (0, 255, 0))),
+    ]
+    stored = store_images(messages, tmp_path / "images")
+    with session(Store.open(db_url)) as db:
+        db.add(
+            TrajectoryRecord(
+                id="gui-1",
+                run_id=None,
+                instance_id="gui-shop",
+                harness="computer",
+                model="m",
+                sample=0,
+                status="completed",
+                messages=json.dumps(stored),
+                tools="[]",
+                patch="",
+                steps=2,
+                prompt_tokens=0,
+                completion_tokens=0,
+                format_errors=0,
+                duration=1.0,
+                created_at=NOW,
+            )
+        )
+        for index in range(2):
+            db.add(
+                StepRecord(
+                    id=f"gui-1/{index}",
+                    trajectory_id="gui-1",
+                    index=index,
+                    reply="",
+                    actions=json.dumps([{"name": "click", "arguments": {"point_2d": [10, 10]}}]),
+                    observation="clicked",
+                    prompt_tokens=0,
+                    completion_tokens=0,
+                    duration=0.1,
+                )
+            )
+    return str(tmp_path / "images")
+
+
+async def test_a_browser_trajectory_shows_each_steps_screenshot_as_a_picture(tmp_path):
+    """Each step's screenshot, drawn in half blocks (two pixels a cell: the top one the foreground,
+    the bottom one the background) under its file's path; moving to another step shows its own."""
+    from orchard.tui.picture import half_blocks
+
+    db_url = f"sqlite:///{tmp_path / 'gui.db'}"
+    folder = _browser_trajectory(db_url, tmp_path)
+    app = app_for(db_url)
+    async with app.run_test(size=(80, 40)) as pilot:
+        app.push_screen(TrajectoryScreen("gui-1"))
+        await pilot.pause()
+        shown = app.screen.query_one("#screenshot", Static)
+        first = str(shown.render())
+        assert shown.display and f"screenshot after step 0: {folder}/" in first and "▀" * 20 in first
+        path = first.split(": ", 1)[1].split("\n", 1)[0]
+        picture = half_blocks(path, 8)
+        top, bottom = picture.spans[0].style, picture.spans[-1].style  # the image: red over blue
+        assert (top.color.triplet, bottom.bgcolor.triplet) == ((255, 0, 0), (0, 0, 255))
+        steps = app.screen.query_one("#steps", DataTable)
+        steps.focus()
+        await pilot.press("down")  # step 1: its own screenshot
+        await pilot.pause()
+        second = str(app.screen.query_one("#screenshot", Static).render())
+        assert "screenshot after step 1" in second and path not in second

@@ -141,6 +141,13 @@ limit 413 (JSON bodies 256 MiB, uploads 1 GiB; a command 16 MiB). Relative paths
     call waits): 404. The agent connects nowhere for this: it only hands over what was made to
     the port, and the body names no address.
 
+``POST /connect`` with ``Connection: Upgrade`` and ``Upgrade: orchard-tunnel``
+    Body ``{"port": int, "timeout": number|null (default 30, at most 600)}``: the agent connects to
+    ``127.0.0.1:port`` in the sandbox, the only address it ever connects to for it (the body
+    names no host), within ``timeout`` seconds. Connected: ``101 Switching Protocols``, then the
+    raw bytes of that connection both ways, as for ``/accept`` (``Sandbox.connect``: the host
+    drives a browser's DevTools port this way). Nothing listening: 502; no connection in time: 504.
+
 ``POST /pty`` with ``Connection: Upgrade`` and ``Upgrade: orchard-pty``
     An interactive terminal. Answered ``101 Switching Protocols``; from then on both sides send
     one JSON frame per line, the frames of the service's WebSocket PTY route: the client's first
@@ -268,6 +275,7 @@ ROUTES: dict[str, dict[str, str]] = {
     "/http": {"POST": "route_http"},
     "/listen": {"POST": "route_listen", "DELETE": "route_unlisten"},
     "/accept": {"POST": "route_accept"},
+    "/connect": {"POST": "route_connect"},
 }
 EXEC_FIELDS = frozenset({"command", "cwd", "env", "timeout", "login_shell", "max_output", "stdin"})
 SHELL_FIELDS = frozenset({"command", "session", "timeout", "max_output"})
@@ -2138,6 +2146,33 @@ class AgentHandler(socketserver.StreamRequestHandler):
             self.wfile.write(b"HTTP/1.1 204 No Content\r\n\r\n")
             return
         self.close_connection = True
+        self.tunnel(conn)
+
+    def route_connect(self) -> None:
+        if (self.headers.get("Upgrade") or "").lower() != TUNNEL_UPGRADE:
+            raise ApiError(400, f"a tunnel needs the headers 'Connection: Upgrade' and 'Upgrade: {TUNNEL_UPGRADE}'")
+        data = self.read_json(ACCEPT_FIELDS)
+        port, wait = http_port(data), tunnel_wait(data)
+        conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # a literal address: no name lookup
+        try:
+            conn.settimeout(wait)
+            conn.connect(("127.0.0.1", port))
+        except ConnectionRefusedError:
+            conn.close()
+            raise ApiError(502, f"nothing listens on 127.0.0.1:{port} in the sandbox") from None
+        except TimeoutError:
+            conn.close()
+            raise ApiError(504, f"no connection to 127.0.0.1:{port} within {wait:g} s") from None
+        except OSError as exc:
+            conn.close()
+            raise ApiError(502, f"cannot connect to 127.0.0.1:{port}: {exc.strerror or exc}") from None
+        conn.settimeout(None)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._responded = self.close_connection = True
+        self.tunnel(conn)
+
+    def tunnel(self, conn: socket.socket) -> None:
+        """Answer 101 and carry the raw bytes between the caller and `conn` until both are done."""
         try:
             self.wfile.write(
                 f"HTTP/1.1 101 Switching Protocols\r\nUpgrade: {TUNNEL_UPGRADE}\r\nConnection: Upgrade\r\n\r\n".encode()

@@ -1,0 +1,301 @@
+"""Browser tasks: what every kind whose agent works a web page shares, and the `gui` kind.
+
+`BrowserTask` is the base of the browser kinds (`gui` here, `miniwob` in `orchard.gui.miniwob`):
+its `start` starts what the pages need in the sandbox (`serve`), launches Chromium there
+(`orchard.gui.browser.Browser`, driven over CDP through the exec agent; the sandbox's network
+stays `blocked`), opens the start page and hands the kind the loaded page (`on_load`); the
+harnesses (`orchard.gui.harnesses`: `computer` with screenshots, `bid` with element ids) find that
+browser with `session_of(box)`. `conclude` asks the kind for the submission (`finish`) and closes
+the browser's context. A URL the agent asks for is opened only when the task `allows` it: its own
+site, never `javascript:`, `data:`, `file:` of another folder, or the browser's own pages.
+
+A `gui` task is one of our offline sites (`examples/gui/sites/`: a shop, a wiki, a booking form):
+a small web app that runs inside the sandbox (`orchard.gui.site`) and again on the host, where the
+grade replays the site's log of requests into a fresh copy and checks its state (the claw check
+language, `orchard.claw.checks`): the order placed, the page edited, never the screenshot. The
+sandbox's word on state is never taken; what the log holds is (the agent has only the browser, and
+the log is behind a token the browser never sees). See `docs/gui.md`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlsplit
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from orchard.claw.checks import Check
+from orchard.errors import ConfigError, OrchardError
+from orchard.gui.site import MAX_LOG_BYTES
+from orchard.tasks.base import Grade, Prepare, Step, TaskBase
+
+if TYPE_CHECKING:
+    from orchard.env.client import Client, Sandbox
+    from orchard.gui.browser import Browser
+
+SITE_PORT = 8000
+HOME = "/opt/orchard-gui"
+MAX_LOG = MAX_LOG_BYTES + 64 * 1024
+"""Bytes of a site's log the host reads back: its entries and their wrapping."""
+BLOCKED_SCHEMES = ("javascript", "data", "blob", "chrome", "devtools", "view-source", "chrome-extension", "about")
+
+
+@dataclass
+class Session:
+    """A started browser task in one sandbox: its browser and the task."""
+
+    browser: Browser
+    task: BrowserTask
+
+
+_SESSIONS: dict[str, Session] = {}
+_LOCK = threading.Lock()
+
+
+def session_of(box: Sandbox) -> Session:
+    """The browser task started in `box` (by `BrowserTask.start`)."""
+    with _LOCK:
+        found = _SESSIONS.get(box.id)
+    if found is None:
+        raise ConfigError(f"sandbox {box.id} has no browser: a browser task's `start` launches one")
+    return found
+
+
+class BrowserTask(TaskBase):
+    """The base of browser kinds: override `sandbox_image`, `start_url`, `finish` and `grade`, and
+    where needed `serve`, `allows` and `on_load`."""
+
+    harnesses: ClassVar[tuple[str, ...]] = ("computer", "bid")
+    vision: ClassVar[bool] = True
+    workdir: str = "/tmp"
+    viewport: tuple[int, int] = (1280, 1000)
+
+    @field_validator("viewport")
+    @classmethod
+    def _sane_viewport(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if not all(200 <= v <= 4000 for v in value):
+            raise ValueError("a viewport is [width, height], each from 200 to 4000 pixels")
+        return value
+
+    def public(self) -> dict[str, Any]:
+        return {**super().public(), "start_url": self.start_url(), "viewport": list(self.viewport)}
+
+    def prompt(self) -> str:
+        return self.problem_statement.strip()
+
+    def start_url(self) -> str:
+        raise NotImplementedError
+
+    def serve(self, box: Sandbox) -> None:
+        """Start what the pages need inside the sandbox (a site's server); nothing by default."""
+
+    def allows(self, url: str) -> bool:
+        """Whether the agent may open `url`: by default, the start page's origin (for `file:`, its folder)."""
+        try:
+            parts, start = urlsplit(url), urlsplit(self.start_url())
+        except ValueError:
+            return False
+        if parts.scheme.lower() in BLOCKED_SCHEMES or parts.scheme != start.scheme:
+            return False
+        if parts.scheme == "file":
+            folder = start.path.rsplit("/", 1)[0] + "/"
+            return parts.path.startswith(folder) and "/../" not in parts.path and not parts.netloc
+        return parts.netloc == start.netloc
+
+    def on_load(self, browser: Browser) -> None:
+        """The start page has loaded: a kind's last preparation (MiniWoB seeds and starts its episode)."""
+
+    def finish(self, box: Sandbox, browser: Browser | None, answer: str) -> str:
+        """The submission, from the sandbox and the agent's last `answer` (browser None: it had died)."""
+        raise NotImplementedError
+
+    def start(self, box: Sandbox) -> None:
+        from orchard.gui.browser import Browser
+
+        self.serve(box)
+        browser = Browser.launch(box, viewport=self.viewport)
+        with _LOCK:
+            _SESSIONS[box.id] = Session(browser, self)
+        try:
+            if not browser.goto(self.start_url()):
+                raise OrchardError(f"the task's start page {self.start_url()} did not open")
+            browser.settle()
+            self.on_load(browser)
+        except BaseException:
+            self._close(box)
+            raise
+
+    def submission(self, box: Sandbox) -> str:
+        return self.conclude(box, [], [])
+
+    def conclude(self, box: Sandbox, messages: list[dict[str, Any]], dialogue: list[dict[str, Any]]) -> str:
+        said = [str(m.get("content") or "") for m in dialogue if m.get("role") == "assistant"]
+        with _LOCK:
+            session = _SESSIONS.get(box.id)
+        try:
+            return self.finish(box, session.browser if session else None, said[-1] if said else "")
+        finally:
+            self._close(box)
+
+    def _close(self, box: Sandbox) -> None:
+        with _LOCK:
+            session = _SESSIONS.pop(box.id, None)
+        if session is not None:
+            with contextlib.suppress(OrchardError):  # a browser that died needs no closing
+                session.browser.close()
+
+
+def _sites_folder() -> Path:
+    return Path(__file__).resolve().parents[2] / "examples" / "gui" / "sites"
+
+
+class GuiTask(BrowserTask):
+    """A task on one of the offline sites, graded on the site's state after a replay of its log.
+
+        `site` names the site's module: a name of `examples/gui/sites/` (`shop`) or a path, relative
+        to the task file. `data` is what the site starts with (its catalogue, pages, slots); `start`
+        the path the browser opens first; `checks` what must hold afterwards (`state` of a
+        collection, `called` for a request, `answer` for the agent's `done` text). `solution` and `wrong`
+    are scripts of abstract browser steps (`orchard.gui.harnesses`), played as `scripted:solution` and
+    `scripted:wrong`."""
+
+    kind: str = "gui"
+    site: str
+    data: dict[str, Any] = Field(default_factory=dict)
+    start_path: str = Field(default="/", alias="start")
+    checks: list[Check] = Field(min_length=1)
+    solution: list[dict[str, Any]] = Field(default_factory=list)
+    wrong: list[dict[str, Any]] = Field(default_factory=list)
+
+    @field_validator("site")
+    @classmethod
+    def _site_file(cls, value: str, info: ValidationInfo) -> str:
+        folder = (info.context or {}).get("folder")
+        found = _find_site(value, Path(folder) if folder else None)
+        from orchard.gui.site import load_site
+
+        load_site(found)  # a site that does not import is one error now, not one per attempt
+        return str(found)
+
+    @field_validator("start_path")
+    @classmethod
+    def _start_path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("`start` is a path of the site, starting with /")
+        return value
+
+    @field_validator("solution", "wrong")
+    @classmethod
+    def _steps(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for step in value:
+            Step(**step)
+        return value
+
+    def sandbox_image(self, prepare: Prepare) -> str:
+        from orchard.env.images import build_browser
+
+        return build_browser()
+
+    def start_url(self) -> str:
+        return f"http://127.0.0.1:{SITE_PORT}{self.start_path}"
+
+    def serve(self, box: Sandbox) -> None:
+        from orchard.gui import site
+
+        token = secrets.token_hex(16)
+        _TOKENS[box.id] = token
+        box.write_file(f"{HOME}/site.py", Path(site.__file__).read_bytes())
+        box.write_file(f"{HOME}/app.py", Path(self.site).read_bytes())
+        box.write_file(f"{HOME}/data.json", json.dumps(self.data))
+        box.write_file(f"{HOME}/token", token, mode=0o600)  # the server reads it, then deletes it
+        started = box.exec(
+            f"cd {HOME} && rm -f ready && "
+            f"(setsid python3 -S site.py app.py --port {SITE_PORT}"
+            " --data data.json --token-file token --ready ready >log 2>&1 </dev/null &) && "
+            "for _ in $(seq 5000); do [ -e ready ] && exit 0; sleep 0.002; done; cat log >&2; exit 1",
+            timeout=30,
+        )
+        if not started.ok:
+            raise OrchardError(f"the site did not start: {(started.stderr or started.error or '')[-500:]}")
+
+    def finish(self, box: Sandbox, browser: Browser | None, answer: str) -> str:
+        """The site's log (read with the token the browser never saw) and the agent's answer."""
+        from orchard.gui.site import parse_log
+
+        token = _TOKENS.pop(box.id, "")
+        try:
+            got = box.http(
+                "/_orchard/log",
+                port=SITE_PORT,
+                method="GET",
+                headers={"X-Orchard-Token": token},
+                timeout=30,
+                max_bytes=MAX_LOG,
+            )
+            if got.status != 200 or got.truncated:
+                raise OrchardError(f"the site answered {got.status} for its log")
+            log = parse_log(got.body)  # bounded in size, depth and shape: it comes from the sandbox
+        except (OrchardError, ValueError) as exc:
+            return json.dumps({"log": [], "answer": answer, "error": f"the site's log could not be read: {exc}"})
+        return json.dumps({"log": log, "answer": answer})
+
+    def grade(self, client: Client | None, submission: str, image: str = "") -> Grade:
+        from orchard.gui.site import load_site, replay
+
+        try:
+            parsed = json.loads(submission)
+            if not isinstance(parsed, dict):
+                raise ValueError("not a JSON object")
+            answer = parsed.get("answer", "")
+            if not isinstance(answer, str):
+                raise ValueError("its answer is not text")
+        except (ValueError, RecursionError) as exc:
+            return Grade(self.instance_id, "unresolved", error=f"the submission is not a site log: {exc}")
+        if parsed.get("error"):
+            return Grade(self.instance_id, "error", error=str(parsed["error"])[:500], fault="machine")
+        try:
+            state, calls = replay(load_site(Path(self.site)), self.data, parsed.get("log"))
+        except (ValueError, OrchardError) as exc:
+            return Grade(self.instance_id, "unresolved", error=f"the site's log does not replay: {exc}")
+        held = {check.name: check.holds(calls, state, answer) for check in self.checks}
+        total = sum(check.weight for check in self.checks) or 1.0
+        score = sum(check.weight for check in self.checks if held[check.name]) / total
+        outcome = "resolved" if all(held.values()) else "unresolved"
+        return Grade(self.instance_id, outcome, score=score, checks={"held": held, "answer": answer[:2000]})
+
+    def script(self, name: str) -> list[Step]:
+        """`solution` (also `gold`), `wrong`, and `regress`: the solution without its last two
+        actions, then a word that it could not finish (partial work, for credit assignment and
+        the value model)."""
+        steps = {"solution": self.solution, "gold": self.solution, "wrong": self.wrong, "regress": self.solution}
+        chosen = steps.get(name)
+        if not chosen:
+            return super().script(name)
+        played = [Step(**step) for step in chosen]
+        if name == "regress":
+            actions = [step for step in played if step.kind == "call"]
+            played = [*actions[: max(0, len(actions) - 2)], Step("submit", content="I could not finish this.")]
+        return played
+
+
+_TOKENS: dict[str, str] = {}
+"""The token of each sandbox's site, by sandbox id (kept on the host only)."""
+
+
+def _find_site(value: str, folder: Path | None) -> Path:
+    named = _sites_folder() / f"{value}.py"
+    if "/" not in value and not value.endswith(".py") and named.is_file():
+        return named
+    path = Path(value)
+    if not path.is_absolute() and folder is not None:
+        path = folder / path
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in _sites_folder().glob("*.py") if not p.name.startswith("_")))
+        raise ValueError(f"no site {value!r}: name one of {known or 'none'}, or give the path of a site module")
+    return path.resolve()
