@@ -185,7 +185,8 @@ def _plots(folder: Path, harnesses: dict[str, Any]) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(max(3.0, 1.2 * len(names) + 2), 3))
     bottom = [0] * len(names)
-    for kind in OUTCOME_ORDER:
+    found = {kind for n in names for kind in harnesses[n]["outcomes"]}
+    for kind in [*OUTCOME_ORDER, *sorted(found - set(OUTCOME_ORDER))]:  # a kind's own outcomes too (`failed`)
         counts = [harnesses[n]["outcomes"].get(kind, 0) for n in names]
         if any(counts):
             ax.bar(names, counts, bottom=bottom, label=kind)

@@ -31,13 +31,15 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin
 
 from orchard.agents.base import Action, FormatError, Message, Reply, Step, ToolCall, ToolCalling, clip, json_arguments
-from orchard.errors import ConfigError, OrchardError
+from orchard.errors import ConfigError, InvalidRequest, OrchardError
 
 if TYPE_CHECKING:
     from orchard.env.client import Sandbox
     from orchard.gui.browser import Browser, Element
     from orchard.gui.task import Session
 
+TEXT_ROLES = ("textbox", "searchbox", "spinbutton", "combobox")
+"""Roles of the fields `write` and `fill` type into (`Element.role`)."""
 GRID = 1000
 """Coordinates are given on a GRID x GRID square mapped onto the viewport."""
 MAX_WAIT = 10.0
@@ -200,7 +202,7 @@ class BrowserHarness(ToolCalling):
         session = session_of(box)
         try:
             return self.act(session, action.name, action.arguments)
-        except _Refused as refused:
+        except (_Refused, InvalidRequest) as refused:  # the action cannot be taken: the model is told why
             return f"Error: {refused}"
 
     def act(self, session: Session, name: str, arguments: dict[str, Any]) -> str:
@@ -267,8 +269,9 @@ class BrowserHarness(ToolCalling):
         """Choose the option of a <select> whose text (or value) is `value`."""
         if element is None or element.tag != "select":
             raise _Refused("that is not a drop-down list (a <select>)")
+        selector = json.dumps(f'[data-orchard-bid="{element.bid}"]')
         chosen = session.browser.evaluate(
-            f"(() => {{ const s = document.querySelector('[data-orchard-bid=\"{element.bid}\"]'); if (!s) return null;"
+            f"(() => {{ const s = document.querySelector({selector}); if (!s) return null;"
             f" const want = {json.dumps(value.strip().lower())};"
             " const o = [...s.options].find(o => o.text.trim().toLowerCase() === want || o.value.toLowerCase() === want);"
             " if (!o) return null; s.value = o.value;"
@@ -289,12 +292,14 @@ class BrowserHarness(ToolCalling):
             raise _Refused("no field has the focus: click one first")
         if focused.tag == "select":
             return self.select(session, focused, text)
+        if focused.role not in TEXT_ROLES:
+            raise _Refused(f"{_describe(focused)} has the focus, and it takes no text: click a field first")
         browser.clear_focused()
         browser.insert_text(text)
         browser.settle()
         after = browser.focused()
         value = after.value if after is not None else None
-        return f"typed into {_describe(focused)}; it now holds {clip(value or '', 200)!r}"
+        return f"typed into {_describe(focused)}; it now holds {_short(value or '', 200)!r}"
 
     # the scripted model ----------------------------------------------------------------------
 
@@ -508,9 +513,9 @@ class BidHarness(BrowserHarness):
         from orchard.gui.task import session_of
 
         browser = session_of(box).browser
-        browser.elements()  # assigns the ids the outline shows
+        elements = {e.bid: e for e in browser.elements()}  # assigns the ids the outline shows
         outline = browser.evaluate(OUTLINE_JS)
-        text = outline if isinstance(outline, str) else ""
+        text = _outline(outline if isinstance(outline, str) else "", elements)
         return [{"type": "text", "text": f"{_tabs_line(browser)}\n\n{clip(text, OUTLINE_CHARS) or '[an empty page]'}"}]
 
     def after_actions(self, box: Sandbox) -> list[Message]:
@@ -544,21 +549,18 @@ OUTLINE_JS = r"""(() => {
     const el = node, tag = el.tagName.toLowerCase();
     if (['script', 'style', 'noscript', 'template', 'head'].includes(tag)) return;
     const bid = el.getAttribute('data-orchard-bid');
-    if (bid && visible(el) && !seen.has(bid)) { seen.add(bid);
-      const role = el.getAttribute('role') || (tag === 'input' ? (el.type || 'text') : tag);
-      let name = (el.getAttribute('aria-label') || el.innerText || el.value || el.placeholder || el.title || el.name || '').replace(/\s+/g, ' ').trim().slice(0, 80);
-      let extra = '';
-      if (tag === 'input' || tag === 'textarea') { name = (el.labels && el.labels[0] ? el.labels[0].innerText : '') || el.placeholder || el.name || '';
-        if (el.type === 'checkbox' || el.type === 'radio') extra = el.checked ? ' (checked)' : ' (not checked)';
-        else extra = ' value="' + String(el.value).slice(0, 80) + '"'; }
-      if (tag === 'select') { const o = el.options[el.selectedIndex]; extra = ' selected="' + (o ? o.text.trim() : '') + '" options=' + JSON.stringify([...el.options].slice(0, 20).map(o => o.text.trim())); name = el.name || ''; }
-      lines.push('  '.repeat(depth) + '[' + bid + '] ' + role + ' "' + name.replace(/"/g, "'") + '"' + extra);
-      if (['a', 'button', 'select', 'textarea', 'label', 'summary'].includes(tag) || tag === 'input') return; }
+    if (bid && /^[0-9]{1,9}$/.test(bid) && visible(el) && !seen.has(bid)) {
+      seen.add(bid);
+      lines.push('  '.repeat(depth) + '\u0000' + bid);
+      if (['a', 'button', 'select', 'textarea', 'label', 'summary', 'input'].includes(tag)) return;
+    }
     for (const child of el.childNodes) walk(child, depth + (bid ? 1 : 0));
   };
   walk(document.body || document.documentElement, 0);
   return lines.join('\n');
 })()"""
+"""The page's visible text in document order, each element `elements()` gave an id marked as a NUL
+and its id (the host writes the element's line from its checked `Element`)."""
 
 
 class _Refused(Exception):
@@ -608,10 +610,7 @@ def _press(session: Session, arguments: dict[str, Any]) -> str:
     presses = int(arguments.get("presses", 1))
     hotkey = bool(arguments.get("is_hotkey", False))
     before = session.browser.navigations
-    try:
-        session.browser.press(keys, hotkey=hotkey, presses=presses)
-    except ValueError as exc:  # a key the keyboard does not have
-        raise _Refused(str(exc)) from None
+    session.browser.press(keys, hotkey=hotkey, presses=presses)  # a key it does not have: InvalidRequest, told
     session.browser.settle()
     pressed = "+".join(keys) if hotkey else " ".join(keys)
     moved = f"; the page navigated to {session.browser.url}" if session.browser.navigations != before else ""
@@ -623,6 +622,30 @@ def _describe(element: Element | None) -> str:
         return "nothing (an empty part of the page)"
     name = f' "{_short(element.name, 60)}"' if element.name else ""
     return f"the {element.role or element.tag}{name}"
+
+
+def _outline(raw: str, elements: dict[str, Element]) -> str:
+    """The page's outline: its text lines, and a line for each element with an id, written from
+    the element as the host checked it (`[12] button "Add to cart"`)."""
+    lines = []
+    for line in raw[: OUTLINE_CHARS * 4].split("\n"):
+        indent, _, bid = line.partition("\x00")
+        if not _:
+            lines.append(_short(line, 200) if line.strip() else "")
+            continue
+        element = elements.get(bid)
+        if element is None:
+            continue  # out of view, or not an element the host knows
+        extra = ""
+        if element.checked is not None:
+            extra = " (checked)" if element.checked else " (not checked)"
+        elif element.options:
+            listed = ", ".join(repr(_short(o, 40)) for o in element.options[:20])
+            extra = f" selected={_short(element.value or '', 80)!r} options=[{listed}]"
+        elif element.value is not None:
+            extra = f" value={_short(element.value, 80)!r}"
+        lines.append(f'{indent[:40]}[{element.bid}] {element.role or element.tag} "{_short(element.name, 80)}"{extra}')
+    return "\n".join(line for line in lines if line)
 
 
 def _short(text: str, limit: int) -> str:

@@ -395,7 +395,7 @@ class MiniWobTask(BrowserTask):
             if state != "started":
                 state = browser.evaluate(start)
 
-    def finish(self, box: Sandbox, browser: Browser | None, answer: str) -> str:
+    def finish(self, box: Sandbox, browser: Browser | None, answer: str, screenshots: list[str]) -> str:
         """`{"env", "seed", "answer", "page"}`: `page` the reward globals of the tab where the
         episode ran (None when no tab holds it), or `error` when the browser could not be read."""
         record: dict[str, Any] = {"env": self.env, "seed": self.seed, "answer": str(answer)[:MAX_TEXT]}

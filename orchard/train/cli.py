@@ -126,8 +126,12 @@ def model_smollm2(path: Annotated[Path, typer.Argument(metavar="DIR", help="An e
 
 @command(app, "demo")
 def demo(
-    recipe: Annotated[str, typer.Option(help="The recipe: swe (repository issues) or claw (assistant tasks).")] = "swe",
-    tasks: Annotated[int, typer.Option(min=1, help="Example tasks to use (4 by default; swe has 15, claw 18).")] = 4,
+    recipe: Annotated[
+        str, typer.Option(help="The recipe: swe (repository issues), claw (assistant tasks) or gui (browser tasks).")
+    ] = "swe",
+    tasks: Annotated[
+        int, typer.Option(min=1, help="Example tasks to use (4 by default; swe has 15, claw 18, gui 19).")
+    ] = 4,
     work_dir: Annotated[
         Path | None, typer.Option(metavar="DIR", help="Where models go (default $ORCHARD_HOME/demo).")
     ] = None,
@@ -146,19 +150,23 @@ def demo(
     from orchard.train.config import SWEConfig
     from orchard.train.swe import run_swe
 
-    if recipe not in ("swe", "claw"):
-        raise OrchardError(f"no recipe {recipe!r}: the demo runs swe or claw")
+    if recipe not in ("swe", "claw", "gui"):
+        raise OrchardError(f"no recipe {recipe!r}: the demo runs swe, claw or gui")
     root = Path(__file__).resolve().parents[2]
     examples = root / "examples"
-    task_file = examples / "tasks" / "tasks.jsonl" if recipe == "swe" else examples / "claw" / "tasks.json"
+    task_file = examples / "tasks" / "tasks.jsonl" if recipe == "swe" else examples / recipe / "tasks.json"
     if not task_file.is_file():
         raise OrchardError(f"the demo needs a source checkout's examples/ folder, not found at {examples}")
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)
     say = lambda line: typer.echo(line, err=True)  # noqa: E731
-    say("[demo] base image (built offline once)")
-    images.build_base()
+    if recipe == "gui":
+        say("[demo] browser image (built offline once: a minute or two)")
+        images.build_browser()
+    else:
+        say("[demo] base image (built offline once)")
+        images.build_base()
     data = yaml.safe_load((examples / "configs" / f"{recipe}-tiny.yaml").read_text())
     if recipe == "swe":
         repos = settings().cache_dir / "example-repos"
@@ -182,7 +190,7 @@ def demo(
     )
     started = time.monotonic()
     summary = run_swe(validated(SWEConfig, data, base=examples / "configs"), log=say)
-    title = {"swe": "Orchard-SWE", "claw": "Orchard-Claw"}[recipe]
+    title = {"swe": "Orchard-SWE", "claw": "Orchard-Claw", "gui": "Orchard-GUI"}[recipe]
     table = Table(title=f"{title} demo: {len(chosen)} tasks, {time.monotonic() - started:.0f} s")
     table.add_column("stage")
     table.add_column("result")

@@ -68,5 +68,5 @@ def test_the_claw_demo(orchard_home, base_image, tmp_path):
     assert "scripted:gold: resolved assistant 100%, functions 100%" in result.stdout
     for row in ("credit", "sft", "rl (BAR)", "value", "eval before", "eval after", "rerank react"):
         assert f"│ {row}" in result.stdout, row
-    bad = runner.invoke(app, ["demo", "--recipe", "gui"])
-    assert bad.exit_code != 0 and "no recipe 'gui': the demo runs swe or claw" in bad.output
+    bad = runner.invoke(app, ["demo", "--recipe", "web"])
+    assert bad.exit_code != 0 and "no recipe 'web': the demo runs swe, claw or gui" in bad.output
