@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -282,6 +283,8 @@ def save_episode(episode: Episode, *, run_id: str | None, sample: int, store: St
             )
 
 
+MAX_STORED_IMAGE = 32 << 20
+"""The largest image file `load_images` reads back."""
 IMAGE_URL = "orchard-image:sha256:"
 """How a stored message names an image kept in a file: this prefix and the PNG's SHA-256, its
 `path` beside (`store_images`, `load_images`)."""
@@ -313,8 +316,11 @@ def load_images(messages: list[Message]) -> list[Message]:
     def loaded(url: str, part: dict[str, Any]) -> dict[str, Any]:
         if not (url.startswith(IMAGE_URL) and part.get("path")):
             return part
-        try:
-            data = Path(str(part["path"])).read_bytes()
+        path = Path(str(part["path"]))
+        try:  # a regular file of bounded size only: the path is the store's word, not checked yet
+            if not stat.S_ISREG((info := path.stat()).st_mode) or info.st_size > MAX_STORED_IMAGE:
+                return part
+            data = path.read_bytes()
         except OSError:
             return part
         if hashlib.sha256(data).hexdigest() != url.removeprefix(IMAGE_URL):

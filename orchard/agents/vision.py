@@ -102,6 +102,8 @@ def png_image(data: bytes) -> Image:
         image = Image.open(io.BytesIO(data), formats=["PNG"])
     except UnidentifiedImageError:
         raise ValueError("an image part is no PNG") from None
+    except Image.DecompressionBombError as exc:  # over PIL's own pixel bound, before ours is asked
+        raise ValueError(f"an image part is too large: {exc}") from None
     if max(image.size) > MAX_IMAGE_SIDE:
         raise ValueError(f"an image is {image.width}x{image.height}, over {MAX_IMAGE_SIDE} pixels a side")
     try:

@@ -862,8 +862,11 @@ class ServiceSandboxes:
         return Call("GET", "/sandboxes", lambda r: r.json()["sandboxes"])
 
     @staticmethod
-    def warm(spec: SandboxSpec, size: int) -> Call:
-        return Call("POST", "/pools", lambda r: r.json(), json={**_sandbox_body(spec), "size": size})
+    def warm(spec: SandboxSpec, size: int, drain: bool = False) -> Call:
+        body = {**_sandbox_body(spec), "size": size}
+        if drain:
+            body["drain"] = True
+        return Call("POST", "/pools", lambda r: r.json(), json=body)
 
 
 def _sandbox_body(spec: SandboxSpec) -> dict[str, Any]:
@@ -886,6 +889,9 @@ def _sandbox_body(spec: SandboxSpec) -> dict[str, Any]:
         body["env"] = spec.env
     if spec.run_id:
         body["run_id"] = spec.run_id
+    if spec.init is not None:
+        body["init"] = spec.init
+        body["init_timeout"] = spec.init_timeout
     return body
 
 

@@ -304,15 +304,22 @@ class Sandbox:
             raise InvalidRequest(f"timeout must be a number of seconds above 0, at most {TUNNEL_MAX_WAIT:g}")
         endpoint = self._http.endpoint
         sock = connect_agent(endpoint, EXPOSE_CONNECT_SECONDS)
+        deadline = time.monotonic() + timeout + EXPOSE_CONNECT_SECONDS
         try:
             sock.settimeout(timeout + EXPOSE_CONNECT_SECONDS)
             sock.sendall(tunnel_request(port, timeout, f"Bearer {endpoint.token}", "/connect"))
-            head = _read_head_exactly(sock, "/connect")
+            head = _read_head_exactly(sock, "/connect", deadline)
             status, length = tunnel_answer(head, "/connect")
             if status != 101:
                 raise AgentError(f"HTTP {status}: {_refusal(sock, b'', length)}")
             sock.settimeout(None)
             return sock
+        except AgentError:
+            sock.close()
+            raise
+        except OSError as exc:  # a timeout, a reset: the agent's failure, not the caller's bug
+            sock.close()
+            raise AgentError(f"the sandbox's agent did not open a stream to port {port}: {exc}") from None
         except BaseException:
             sock.close()
             raise
@@ -833,13 +840,17 @@ def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
     return bytes(data[:end]), bytes(data[end + 4 :])
 
 
-def _read_head_exactly(sock: socket.socket, route: str) -> bytes:
+def _read_head_exactly(sock: socket.socket, route: str, deadline: float) -> bytes:
     """The head of the agent's answer to `route`, read a byte at a time so that nothing past its
-    blank line is taken from the socket (the head is about 90 bytes; bounded)."""
+    blank line is taken from the socket (the head is about 90 bytes; bounded in size, and in time
+    by `deadline`, however slowly it comes)."""
     data = bytearray()
     while not data.endswith(b"\r\n\r\n"):
         if len(data) > TUNNEL_MAX_HEAD:
             raise AgentError(f"the agent's answer to {route} has a head over {TUNNEL_MAX_HEAD} bytes")
+        if (left := deadline - time.monotonic()) <= 0:
+            raise AgentError(f"the agent did not answer {route} in time")
+        sock.settimeout(left)
         byte = sock.recv(1)
         if not byte:
             raise AgentError(f"the agent closed the connection before answering {route}")
@@ -953,12 +964,12 @@ class _Core(Generic[H]):
                 with httpx.Client(base_url=self.url or "", headers=self.headers, timeout=30.0) as http:
                     send(HttpxChannel(http), ServiceSandboxes.delete(sandbox_id))
 
-    def warm(self, spec: SandboxSpec, size: int) -> Plan[None]:
+    def warm(self, spec: SandboxSpec, size: int, drain: bool) -> Plan[None]:
         manager = self.manager
         if manager is not None:
-            yield lambda: manager.pools.warm(spec, size)
+            yield lambda: manager.pools.warm(spec, size, drain=drain)
         else:
-            yield ServiceSandboxes.warm(spec, size)
+            yield ServiceSandboxes.warm(spec, size, drain)
 
     def attach(self, sandbox_id: str) -> H | SandboxInfo | str:
         """This client's handle on `sandbox_id`, else what a new handle needs (info embedded, id remote)."""
@@ -1058,15 +1069,29 @@ class Client:
         run_id: str | None = None,
         timeout: float = 120.0,
         keep: bool = False,
+        init: str | None = None,
+        init_timeout: float = 60.0,
     ) -> Sandbox:
         """Start a sandbox from `image` and return it once its agent answers.
 
         With `keep`, the sandbox outlives this client (service mode only; it is still reaped at
-        its TTL).
+        its TTL). With `init`, that shell command runs once in the sandbox before it is returned
+        (within `init_timeout` seconds); if it fails, the sandbox is deleted and SandboxError
+        says why. A warm pool of the same arguments, `init` included, holds sandboxes that ran it.
         """
         self._core.check_open("Client")
         spec = make_spec(
-            image, network=network, cpu=cpu, memory=memory, disk=disk, tmpfs=tmpfs, ttl=ttl, env=env, run_id=run_id
+            image,
+            network=network,
+            cpu=cpu,
+            memory=memory,
+            disk=disk,
+            tmpfs=tmpfs,
+            ttl=ttl,
+            env=env,
+            run_id=run_id,
+            init=init,
+            init_timeout=init_timeout,
         )
         made = self._run(self._core.create(spec, sandbox_id, timeout, keep))
         return self._core.adopt(self._handle(made, image), keep)
@@ -1079,12 +1104,31 @@ class Client:
         network: Network = "blocked",
         cpu: float | None = None,
         memory: str | int | None = None,
+        disk: str | int | None = None,
+        tmpfs: dict[str, str | int] | None = None,
         ttl: float = 7200.0,
         env: dict[str, str] | None = None,
+        init: str | None = None,
+        init_timeout: float = 60.0,
+        drain: bool = False,
     ) -> None:
-        """Keep `size` sandboxes of this kind started; `create` with the same arguments takes one at once."""
+        """Keep `size` sandboxes of this kind started (each ran `init`, if given); `create` with
+        the same arguments takes one at once. With `drain`, the pool shrinks to `size` now: the
+        ready sandboxes beyond it are deleted, and those still starting once they are up."""
         self._core.check_open("Client")
-        self._run(self._core.warm(make_spec(image, network=network, cpu=cpu, memory=memory, ttl=ttl, env=env), size))
+        spec = make_spec(
+            image,
+            network=network,
+            cpu=cpu,
+            memory=memory,
+            disk=disk,
+            tmpfs=tmpfs,
+            ttl=ttl,
+            env=env,
+            init=init,
+            init_timeout=init_timeout,
+        )
+        self._run(self._core.warm(spec, size, drain))
 
     def attach(self, sandbox_id: str) -> Sandbox:
         """A handle on an existing sandbox (of the service, or of this embedded client); sends nothing."""
@@ -1198,11 +1242,23 @@ class AsyncClient:
         run_id: str | None = None,
         timeout: float = 120.0,
         keep: bool = False,
+        init: str | None = None,
+        init_timeout: float = 60.0,
     ) -> AsyncSandbox:
         """Start a sandbox from `image` and return it once its agent answers (see `Client.create`)."""
         self._core.check_open("AsyncClient")
         spec = make_spec(
-            image, network=network, cpu=cpu, memory=memory, disk=disk, tmpfs=tmpfs, ttl=ttl, env=env, run_id=run_id
+            image,
+            network=network,
+            cpu=cpu,
+            memory=memory,
+            disk=disk,
+            tmpfs=tmpfs,
+            ttl=ttl,
+            env=env,
+            run_id=run_id,
+            init=init,
+            init_timeout=init_timeout,
         )
         made = await self._run(self._core.create(spec, sandbox_id, timeout, keep))
         return self._core.adopt(self._handle(made, image), keep)
@@ -1215,13 +1271,29 @@ class AsyncClient:
         network: Network = "blocked",
         cpu: float | None = None,
         memory: str | int | None = None,
+        disk: str | int | None = None,
+        tmpfs: dict[str, str | int] | None = None,
         ttl: float = 7200.0,
         env: dict[str, str] | None = None,
+        init: str | None = None,
+        init_timeout: float = 60.0,
+        drain: bool = False,
     ) -> None:
-        """Keep `size` sandboxes of this kind started; `create` with the same arguments takes one at once."""
+        """Keep `size` sandboxes of this kind started (see `Client.warm`)."""
         self._core.check_open("AsyncClient")
-        spec = make_spec(image, network=network, cpu=cpu, memory=memory, ttl=ttl, env=env)
-        await self._run(self._core.warm(spec, size))
+        spec = make_spec(
+            image,
+            network=network,
+            cpu=cpu,
+            memory=memory,
+            disk=disk,
+            tmpfs=tmpfs,
+            ttl=ttl,
+            env=env,
+            init=init,
+            init_timeout=init_timeout,
+        )
+        await self._run(self._core.warm(spec, size, drain))
 
     def attach(self, sandbox_id: str) -> AsyncSandbox:
         """A handle on an existing sandbox (see `Client.attach`); sends nothing, so it is no coroutine."""

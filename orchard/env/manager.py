@@ -5,7 +5,8 @@ the backend to start containers, waits for the injected agent's health check ove
 route, then has the backend seal what the sandbox could still write on the host (`seal`: its
 run folder), records everything in the store, and reaps: expired sandboxes (older than their
 TTL) and orphans (labelled with an owner process of this host that is gone) are deleted when it
-starts and then periodically. Commands never pass through here: callers talk to `info.endpoint` directly.
+starts and then periodically. Commands never pass through here: callers talk to `info.endpoint`
+directly (the one exception is a spec's `init`, run once by `wait_ready` before the sandbox is ready).
 
 A fleet (`Fleet`: `orchard up --fleet NAME`, several replicas of the service sharing one store)
 owns its sandboxes as a whole: the owner is `fleet:NAME`, each sandbox's agent token is derived
@@ -41,7 +42,7 @@ from sqlmodel import col, select
 from orchard import store as records
 from orchard.env.backends import AgentEndpoint, Backend, BackendConfig, SandboxSpec, backend_config
 from orchard.env.backends.base import BackendSandbox, check_sandbox_id, is_sandbox_id
-from orchard.env.calls import Call
+from orchard.env.calls import AgentCalls, Call, send
 from orchard.env.pool import WarmPools
 from orchard.env.transport import AgentChannel, AsyncAgentChannel
 from orchard.errors import AgentError, Conflict, NotFound, OrchardError, SandboxError, SandboxNotReady
@@ -216,7 +217,8 @@ class SandboxManager:
             raise
 
     def wait_ready(self, sandbox_id: str, *, timeout: float = 120.0) -> SandboxInfo:
-        """Block until the agent answers its health check; a dead container fails at once.
+        """Block until the agent answers its health check, then run the spec's `init` (if any);
+        a dead container fails at once, and so does a failing init.
 
         An endpoint without an address yet (`url` "" and no socket: a Pod before it has an IP) is
         first resolved from the backend's state (`address`), waiting while it is `starting`.
@@ -249,7 +251,35 @@ class SandboxManager:
             self.backend.seal(sandbox_id)  # before any command runs; it checks what the start left there
         except SandboxError as exc:
             return self._fail(sandbox_id, str(exc))
+        if info.spec.init is not None:
+            self._run_init(info)
         return self._update(sandbox_id, status="ready", ready_at=time.time())
+
+    def _run_init(self, info: SandboxInfo) -> None:
+        """Run the spec's `init` through the agent while the sandbox is still `pending`. One that
+        fails (a non-zero exit, its timeout, an agent that does not answer) fails the sandbox: it
+        is deleted, and SandboxError says why, with the tail of the command's output."""
+        init, spec, started = info.spec.init, info.spec, time.time()
+        assert info.endpoint is not None and init is not None
+        call = AgentCalls().exec(init, timeout=spec.init_timeout, max_output=INIT_OUTPUT)
+        try:
+            with agent_http(info.endpoint) as channel:
+                result = send(channel, call)
+        except AgentError as exc:
+            why = f"could not run: {exc}"
+        else:
+            self.record_exec(info.sandbox_id, init, result, started)
+            if result.ok:
+                return
+            if result.exit_code is None:
+                why = f"could not run: {result.error}"
+            elif result.timed_out:
+                why = f"timed out after {spec.init_timeout:g} s"
+            else:
+                why = f"exited {result.exit_code}"
+            tail = (result.stdout + result.stderr).strip()[-INIT_TAIL:]
+            why += f"; its output ends: {tail}" if tail else ""
+        self._fail(info.sandbox_id, f"the init command of sandbox {info.sandbox_id} {why}")
 
     def _agent_address(self, sandbox_id: str, deadline: float, timeout: float) -> str:
         """The agent's base URL once the backend knows it (`SandboxState.address`).
@@ -734,6 +764,10 @@ def _answers(channel: AgentChannel, endpoint: AgentEndpoint) -> bool:
 
 
 HEALTH = Call("GET", "/health", lambda answer: answer)
+INIT_OUTPUT = 64 * 1024
+"""Bytes of each output stream of a spec's `init` that the agent keeps (and the host reads back)."""
+INIT_TAIL = 2000
+"""Characters of a failed init's output its sandbox's error keeps."""
 
 
 class _ExecRecorder:

@@ -2,7 +2,13 @@
 
 RL rollouts and evaluations start many short-lived sandboxes of a few images. Starting one takes
 hundreds of milliseconds (most of it the engine's); taking one from a pool takes a dictionary
-pop. A background thread refills each pool to its size, a few creations at a time.
+pop. A background thread refills each pool to its size, a few creations at a time. A spec's
+`init` runs before a sandbox joins its pool (`SandboxManager.wait_ready`), so what waits there is
+started through and through (a browser already running, say).
+
+A pool shrinks when asked to (`warm(spec, size, drain=True)`): the ready sandboxes beyond the new
+size are deleted at once, and those still starting are deleted as they come up, so a run that
+is done with its pools leaves none of their sandboxes behind.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ def pool_key(spec: SandboxSpec) -> PoolKey:
         spec.ttl,
         spec.workdir,
         tuple(sorted(spec.env.items())),
+        spec.init,
     )
 
 
@@ -58,6 +65,8 @@ class WarmPools:
         self._sizes: dict[PoolKey, int] = {}
         self._ready: dict[PoolKey, deque[str]] = {}
         self._starting: dict[PoolKey, int] = {}
+        self._draining: set[PoolKey] = set()
+        """Pools whose sandboxes beyond their size are deleted (`warm(..., drain=True)`), not kept."""
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = threading.Event()
@@ -65,20 +74,34 @@ class WarmPools:
         self._thread: threading.Thread | None = None
         self._pause = REFILL_PAUSE
 
-    def warm(self, spec: SandboxSpec, size: int) -> None:
-        """Keep `size` sandboxes of `spec` ready (0 stops refilling; ready ones stay until used)."""
+    def warm(self, spec: SandboxSpec, size: int, *, drain: bool = False) -> list[str]:
+        """Keep `size` sandboxes of `spec` ready (0 stops refilling; ready ones stay until used).
+
+        With `drain`, the pool holds no more than `size` from now on: the ready sandboxes beyond
+        it are deleted now (their ids returned), and those still starting as they come up.
+        """
         if not 0 <= size <= MAX_POOL_SIZE:
             raise InvalidRequest(f"a pool size is 0 to {MAX_POOL_SIZE}, not {size}")
         key = pool_key(spec)
+        surplus: list[str] = []
         with self._lock:
             self._specs[key] = replace(spec, run_id=None)
             self._sizes[key] = size
-            self._ready.setdefault(key, deque())
+            ready = self._ready.setdefault(key, deque())
             self._starting.setdefault(key, 0)
-            if self._thread is None:
+            if drain:
+                self._draining.add(key)
+                while len(ready) > size:
+                    surplus.append(ready.pop())
+            else:
+                self._draining.discard(key)
+            if self._thread is None and size:
                 self._thread = threading.Thread(target=self._refill_forever, daemon=True, name="orchard-pools")
                 self._thread.start()
         self._wake.set()
+        for sandbox_id in surplus:
+            self._delete(sandbox_id)
+        return surplus
 
     def acquire(self, spec: SandboxSpec) -> SandboxInfo | None:
         """A ready sandbox of `spec` from its pool, or None when the pool is empty or absent."""
@@ -103,6 +126,12 @@ class WarmPools:
         """Each pool's spec, wanted size and ready count."""
         with self._lock:
             return [(self._specs[key], size, len(self._ready[key])) for key, size in self._sizes.items()]
+
+    def starting(self) -> int:
+        """How many pooled sandboxes are being started now, in all pools (a drained pool's too,
+        until they are up and deleted again)."""
+        with self._lock:
+            return sum(self._starting.values())
 
     def give_up(self) -> list[str]:
         """The ids of the pooled sandboxes not handed out, which the pools no longer hold."""
@@ -141,15 +170,36 @@ class WarmPools:
 
     def _add(self, key: PoolKey) -> None:
         info = None
+        with self._lock:  # queued a while: the pool may have shrunk since
+            wanted = len(self._ready[key]) + self._starting[key] - 1 < self._sizes[key]
+            if not wanted:
+                self._starting[key] -= 1
+        if not wanted:
+            return
         try:
             if not self._closed.is_set():
                 info = self.manager.create(self._specs[key])
         except Exception:  # a failed start is in the store; the next wake tries again
             log.warning("could not start a pooled sandbox of %s", key[0], exc_info=True)
         with self._lock:
-            self._starting[key] -= 1
-            if info is not None:
-                self._ready[key].append(info.sandbox_id)
-                self._pause = REFILL_PAUSE
-            else:  # back off while starts fail (a missing image, say)
+            if info is None:  # back off while starts fail (a missing image, say)
                 self._pause = min(self._pause * 2, MAX_REFILL_PAUSE)
+                self._starting[key] -= 1
+                return
+            self._pause = REFILL_PAUSE
+            if not (key in self._draining and len(self._ready[key]) >= self._sizes[key]):
+                self._ready[key].append(info.sandbox_id)
+                self._starting[key] -= 1
+                return
+        try:  # the pool shrank while it started; it counts as starting until it is gone
+            self._delete(info.sandbox_id)
+        finally:
+            with self._lock:
+                self._starting[key] -= 1
+            self._wake.set()
+
+    def _delete(self, sandbox_id: str) -> None:
+        try:
+            self.manager.delete(sandbox_id)
+        except OrchardError:  # gone already, or the engine is away: the manager's close and reaper end it
+            log.warning("could not delete pooled sandbox %s", sandbox_id, exc_info=True)

@@ -6,10 +6,11 @@ cpu and memory are Kubernetes quantities, echoed as sent (`allocated` says what 
 on this host); a sandbox's jobs and patches run one at a time in submission order; 422s carry
 FastAPI's `detail` list; every answer has an `X-Request-ID` (the client's, when it sent one).
 Extensions: `GET /sandboxes` (list), `GET/PUT /sandboxes/{id}/archive` (folders as tar), `ttl`,
-`env`, `run_id` and `network` (`dropped`) on create, and on jobs `truncated`, `timed_out`,
+`env`, `run_id`, `network` (`dropped`), `init` and `init_timeout` (a command run once before the
+sandbox is ready: `SandboxSpec.init`) on create, and on jobs `truncated`, `timed_out`,
 `stdout_bytes`, `stderr_bytes`, `rejected` (the agent refused the request itself, e.g. a missing
 cwd) and `output_dropped`; `session` on exec (a persistent shell), `concurrent` (run beside the
-sandbox's other jobs) and `DELETE /sandboxes/{id}/shell`; `POST/GET /pools` (warm pools); a
+sandbox's other jobs) and `DELETE /sandboxes/{id}/shell`; `POST/GET /pools` (warm pools; `drain` shrinks one now); a
 422's one-line `message`. Beyond `max_starting` sandboxes starting or `max_running` commands
 running, requests get 503 with Retry-After, before anything is done; so does a client past its
 fair share of `max_running` (`Service._take_slot`). A duplicate `sandbox_id` is 409. An image
@@ -67,6 +68,8 @@ from orchard import store as records
 from orchard.config import private_file, private_folder, settings
 from orchard.env.backends import backend_config
 from orchard.env.backends.base import (
+    MAX_INIT,
+    MAX_INIT_TIMEOUT,
     SANDBOX_ID,
     SANDBOX_ID_MAX_LENGTH,
     SandboxSpec,
@@ -166,6 +169,15 @@ class CreateSandbox(Body):
     ttl: int = Field(default=7200, gt=0, description="Extension: seconds until the sandbox is reaped.")
     env: dict[StrictStr, StrictStr] | None = Field(default=None, description="Extension: environment of commands.")
     run_id: StrictStr | None = Field(default=None, description="Extension: the run it belongs to.")
+    init: StrictStr | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_INIT,
+        description="Extension: a shell command run once before the sandbox is ready; if it fails, so does the sandbox.",
+    )
+    init_timeout: float = Field(
+        default=60.0, gt=0, le=MAX_INIT_TIMEOUT, allow_inf_nan=False, description="Extension: seconds `init` may run."
+    )
 
     @field_validator("cpu")
     @classmethod
@@ -182,6 +194,10 @@ class CreateSandbox(Body):
 
 class PoolBody(CreateSandbox):
     size: int = Field(ge=0, le=256, description="How many sandboxes of this kind to keep started.")
+    drain: bool = Field(
+        default=False,
+        description="Extension: delete the ready sandboxes beyond `size` now, and those starting once up.",
+    )
 
 
 class ExecBody(Body):
@@ -725,6 +741,8 @@ def spec_of(body: CreateSandbox) -> SandboxSpec:
         ttl=float(body.ttl),
         env=dict(body.env or {}),
         run_id=body.run_id,
+        init=body.init,
+        init_timeout=body.init_timeout,
     )
     cpu = min(parse_cpu(body.cpu), float(os.cpu_count() or 1))
     return dataclasses.replace(spec, cpu=cpu, memory_bytes=min(parse_memory(body.memory) or 0, host_memory()))
@@ -811,7 +829,8 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/pools")
     async def warm(body: PoolBody) -> dict:
         """Extension: keep `size` sandboxes of this kind ready; creates with the same fields take one."""
-        await run_in_threadpool(service.manager.pools.warm, spec_of(body), body.size)
+        warm = functools.partial(service.manager.pools.warm, drain=body.drain)
+        await run_in_threadpool(warm, spec_of(body), body.size)
         return {"status": "ok", "image": body.image, "size": body.size}
 
     @app.get("/pools")

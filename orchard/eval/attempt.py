@@ -12,18 +12,25 @@ sandbox failed (it died, its agent stopped answering) or the model server failed
 reached, not in time, an error status, an answer that is no chat completion: a request failure
 that is a `ConnectionError` or a `TimeoutError`). The model's endings are its outcome: what it
 left is graded. The machine's say nothing of the model.
+
+Kinds whose sandboxes start something slow before an attempt can begin (a browser kind's
+Chromium: `TaskBase.sandbox_init`) get warm pools while a run goes (`TaskPools`): sandboxes of
+the task's image whose init has run, taken by `task_sandbox` at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchard.agents import harness_factory
 from orchard.agents.loop import Episode, Limits, run_episode
 from orchard.errors import OrchardError
-from orchard.tasks.base import task_sandbox
+from orchard.tasks.base import sandbox_args, task_sandbox
 
 if TYPE_CHECKING:
     from orchard.agents.base import Message, Reply
@@ -33,6 +40,10 @@ if TYPE_CHECKING:
 
 SERVER_FAULTS = (ConnectionError, TimeoutError)
 """A model request that failed as one of these failed for the server's sake, not the model's."""
+POOL_ARGS = frozenset({"network", "cpu", "memory", "disk", "tmpfs", "ttl", "env", "init", "init_timeout"})
+"""The `Client.create` arguments a warm pool can match (`Client.warm` takes them too)."""
+
+log = logging.getLogger("orchard.eval")
 
 
 @dataclass
@@ -100,3 +111,89 @@ class _Noted:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.session, name)
+
+
+class TaskPools:
+    """Warm pools for a run's attempts: for each kind of sandbox (image, limits, init) whose tasks
+    have an init (`sandbox_init`: a browser to start), sandboxes that ran it kept started, so an
+    attempt takes one at once instead of waiting for its start. Kinds without an init get none
+    (their start is cheap, or their image is the task's own).
+
+    `size` is the run's concurrency: `warm(items)` counts the attempts of each kind among `(task,
+    image)` pairs, and `taking(task, image)` is told as each attempt is about to take its
+    sandbox. The first `size` attempts start together, before any pool could be ready, so a pool
+    holds sandboxes only for the attempts after them: min(size, attempts still to come beyond
+    the first `size`), none at all for a run of at most `size` attempts of a kind. So it starts
+    no sandbox that no attempt takes (an attempt that fails before taking one leaves one over).
+    Without `counted` (RL: attempts without end) each pool keeps `size`.
+
+    `close()` drains every pool (`Client.warm(..., 0, drain=True)`): what waits there is
+    deleted, and what is still starting as it comes up, so a run leaves none of its pooled
+    sandboxes behind. Pools only save time: one that cannot be warmed (a service that refuses)
+    is logged, and attempts start their own sandboxes as they would without it. Thread-safe.
+    """
+
+    def __init__(self, client: Client, size: int):
+        self.client, self.size = client, max(0, size)
+        self._lock = threading.Lock()
+        self._kinds: dict[str, tuple[str, dict[str, Any]]] = {}
+        """Each pool's image and `Client.warm` arguments, by `_key`."""
+        self._counts: dict[str, list[int]] = {}
+        """Each counted pool's attempts in all and attempts that took (or are taking) a sandbox."""
+
+    def warm(self, items: Iterable[tuple[Any, str]], *, counted: bool = True) -> TaskPools:
+        """Warm a pool for each kind of sandbox of `items` (task and image) that has an init."""
+        with self._lock:
+            for task, image in items:
+                key = self._key(task, image)
+                if key is None:
+                    continue
+                self._kinds.setdefault(key, (image, sandbox_args(task)))
+                if counted:
+                    self._counts.setdefault(key, [0, 0])[0] += 1
+            for key in self._kinds:
+                self._resize(key)
+        return self
+
+    def taking(self, task: Any, image: str) -> None:
+        """An attempt of `task` is about to take its sandbox: its pool is sized to the attempts
+        after it. Nothing is drained here: the ready sandbox this attempt takes waits for it."""
+        key = self._key(task, image)
+        with self._lock:
+            if key in self._counts:
+                self._counts[key][1] += 1
+                self._resize(key)
+
+    def close(self) -> None:
+        """Drain every pool (see the class); idempotent."""
+        with self._lock:
+            kinds, self._kinds, self._counts = self._kinds, {}, {}
+        for image, args in kinds.values():
+            self._warm(image, 0, args, drain=True)
+
+    def __enter__(self) -> TaskPools:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _resize(self, key: str) -> None:
+        image, args = self._kinds[key]
+        size = self.size
+        if key in self._counts:
+            total, taken = self._counts[key]
+            size = min(self.size, max(0, total - max(taken, self.size)))
+        self._warm(image, size, args)
+
+    def _warm(self, image: str, size: int, args: dict[str, Any], *, drain: bool = False) -> None:
+        try:
+            self.client.warm(image, size, drain=drain, **args)
+        except OrchardError as exc:  # an optimisation only: attempts start their own sandboxes
+            log.warning("could not warm a pool of %s: %s", image, exc)
+
+    def _key(self, task: Any, image: str) -> str | None:
+        """What tells two pools apart, or None for a kind without an init (or with limits no pool takes)."""
+        args = sandbox_args(task)
+        if self.size == 0 or "init" not in args or not set(args) <= POOL_ARGS:
+            return None
+        return json.dumps([image, args], sort_keys=True, default=str)

@@ -53,4 +53,5 @@ def solver_for(patches: dict[str, str]):
     def solve(attempt: Attempt, image: str, client: Client, run_id: str) -> Solved:
         return Solved(submission=patches.get(attempt.task.instance_id, ""))
 
+    solve.needs_sandbox = False  # type: ignore[attr-defined]  # grading only: no warm pools for it
     return solve

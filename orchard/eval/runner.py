@@ -3,10 +3,11 @@
 Tasks may be of any kind (`orchard.tasks.base`). A `Solver` turns an attempt into a submission: a
 prediction file's, the gold patch, or an agent working in a sandbox (`orchard.eval.agent`). The
 runner prepares the task images, runs attempts `concurrency` at a time (each solved, then graded
-by its task's kind), records each result as soon as it is graded, with its files in the run's
-folder (`orchard.eval.report.write_attempt`: SWE-bench's `logs/<instance_id>/` layout, the whole
-test log), and writes the summary (per harness: resolve rate, mean score, pass@k, pass^k) and
-SWE-bench's report into the run's folder.
+by its task's kind; kinds whose sandboxes start a browser get warm pools of them meanwhile,
+`orchard.eval.attempt.TaskPools`, drained when the run ends), records each result as soon as it
+is graded, with its files in the run's folder (`orchard.eval.report.write_attempt`: SWE-bench's
+`logs/<instance_id>/` layout, the whole test log), and writes the summary (per harness: resolve
+rate, mean score, pass@k, pass^k) and SWE-bench's report into the run's folder.
 
 A run is named by what it does (`run_id_for` of `run_config`: the tasks' records and every
 setting that changes what it finds), so the same evaluation started again resumes its run:
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from orchard.agents.loop import record_verdict
 from orchard.agents.models import ModelUnavailable
 from orchard.errors import OrchardError
+from orchard.eval.attempt import TaskPools
 from orchard.eval.metrics import mean_over_tasks, pass_at_k, pass_hat_k, swebench_report
 from orchard.eval.report import attempt_folder, write_attempt, write_report
 from orchard.store import ResultRecord, Store
@@ -82,6 +84,9 @@ class Solved:
 
 
 class Solver(Protocol):
+    """Solves one attempt. One that makes no sandbox (a predictions file's) may say so with an
+    attribute `needs_sandbox = False`: the run then warms no pools for it (`TaskPools`)."""
+
     def __call__(self, attempt: Attempt, image: str, client: Client, run_id: str) -> Solved: ...
 
 
@@ -185,12 +190,17 @@ def evaluate(
         on_progress(finished, total, None)
     try:
         images = _images(pending, prepare, concurrency)
+        startable = [(a.task, image) for a in pending if isinstance(image := images[a.task.instance_id], str)]
+        pools = TaskPools(client, concurrency if getattr(solve, "needs_sandbox", True) else 0)
 
         def work(attempt: Attempt) -> ResultRecord:
             retry = retries.get(attempt.result_id(run_id), 0)
+            image = images[attempt.task.instance_id]
+            if isinstance(image, str):
+                pools.taking(attempt.task, image)
             return _attempt(run_id, attempt, images, solve, client, store, folder, single, retry)
 
-        with _finished(in_threads(work, pending, concurrency)) as records:
+        with pools.warm(startable), _finished(in_threads(work, pending, concurrency)) as records:
             for record in records:
                 finished += 1
                 if on_progress:

@@ -92,6 +92,52 @@ SETTLE_QUIET = 0.05
 """Seconds without a navigation event that `settle` waits for once nothing is loading."""
 VERSION_BYTES = 64 * 1024
 START_POLL = 0.05
+START_WAIT = 30.0
+"""Seconds `start_command` waits for Chromium to listen on its DevTools port, by default."""
+START_SCRIPT = r"""
+import socket, subprocess, sys, time
+log, port, wait, argv = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
+
+def listening():
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+def fail(why):
+    try:
+        with open(log, "rb") as out:
+            out.seek(max(0, out.seek(0, 2) - 1500))
+            tail = out.read().decode("utf-8", "replace").strip()
+    except OSError:
+        tail = ""
+    print(why)
+    print(tail)
+    sys.exit(1)
+
+if listening():
+    sys.exit(0)
+with open(log, "wb") as out:
+    try:
+        chromium = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    except OSError as exc:
+        out.write(("could not start %s: %s\n" % (argv[0], exc)).encode())
+        out.close()
+        fail("it could not start")
+end = time.monotonic() + wait
+while not listening():
+    if chromium.poll() is not None:
+        fail("it exited with code %s" % chromium.returncode)
+    if time.monotonic() > end:
+        fail("it did not listen on its DevTools port within %g s" % wait)
+    time.sleep(0.02)
+"""
+"""Run inside the sandbox by `start_command` (stdlib only, `python3 -S`): start Chromium in a session
+of its own, its output to the log, unless something listens on the DevTools port already; exit 0
+once it listens, else 1 with a line saying why, then the log's tail."""
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 BUTTONS = {"left": 1, "right": 2, "middle": 4}
@@ -742,7 +788,7 @@ def _find_or_start_chromium(box: Sandbox, viewport: tuple[int, int], deadline: f
                 return path
             trouble = "nothing listens on its DevTools port"
             if not started:
-                _start_chromium(box, viewport)
+                _start_chromium(box, viewport, deadline)
                 started = True
                 continue
         if time.monotonic() >= deadline:
@@ -754,13 +800,33 @@ def _find_or_start_chromium(box: Sandbox, viewport: tuple[int, int], deadline: f
         time.sleep(START_POLL)
 
 
-def _start_chromium(box: Sandbox, viewport: tuple[int, int]) -> None:
-    """Start Chromium in the background in `box`, its output to `LOG_FILE`."""
+def start_command(viewport: tuple[int, int], *, wait: float = START_WAIT) -> str:
+    """The shell command that starts the sandbox's Chromium for `viewport` in the background (its
+    output to `LOG_FILE`) and returns once it listens on `CDP_PORT`, waiting at most `wait`
+    seconds; it starts nothing when something listens there already. It exits 1 when Chromium
+    does not come up, with a line saying why and then the tail of Chromium's log.
+
+    `Browser.launch` runs it when no browser answers; a browser task's sandboxes run it as their
+    `init` (`BrowserTask.sandbox_init`), so a warm pool of them holds sandboxes whose Chromium
+    runs already, and `launch` there only opens a fresh context."""
     flags = [*CHROMIUM_FLAGS, f"--window-size={viewport[0]},{viewport[1]}", "about:blank"]
-    command = shlex.join([images.CHROMIUM, *flags])
-    started = box.exec(f"setsid {command} >{LOG_FILE} 2>&1 </dev/null &", timeout=10)
+    return shlex.join(
+        ["python3", "-S", "-c", START_SCRIPT, LOG_FILE, str(CDP_PORT), f"{wait:g}", images.CHROMIUM, *flags]
+    )
+
+
+def _start_chromium(box: Sandbox, viewport: tuple[int, int], deadline: float) -> None:
+    """Start Chromium in `box` and wait until it listens (`start_command`), until `deadline`;
+    `BrowserTimeout` with the reason and its log's tail when it does not come up."""
+    wait = max(0.5, deadline - time.monotonic())
+    started = box.exec(start_command(viewport, wait=wait), timeout=wait + 10)
     if started.exit_code != 0:
-        raise BrowserError(f"could not start Chromium in sandbox {box.id}: {started.stderr[-300:]}")
+        said = started.stdout.strip() or started.stderr.strip() or started.error or ""
+        why, _, tail = said.partition("\n")
+        raise BrowserTimeout(
+            f"Chromium in sandbox {box.id} did not come up in time ({why[:200] or 'its start failed'})"
+            + (f"; its log ends: {tail.strip()[-1500:]}" if tail.strip() else "")
+        )
 
 
 def _left(deadline: float) -> float:

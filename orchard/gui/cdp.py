@@ -130,7 +130,7 @@ class CDPConnection:
         except TimeoutError as exc:
             sock.close()
             raise BrowserTimeout(f"{what} did not finish the DevTools handshake within {timeout:g} s") from exc
-        except (InvalidHandshake, InvalidURI, OSError, EOFError, ValueError) as exc:
+        except (InvalidHandshake, InvalidURI, ConnectionClosed, OSError, EOFError, ValueError) as exc:
             sock.close()
             raise BrowserError(f"{what} refused the DevTools WebSocket: {_short(exc)}") from exc
         return cls(ws, what)

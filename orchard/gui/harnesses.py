@@ -219,7 +219,8 @@ class BrowserHarness(ToolCalling):
 
     def goto(self, session: Session, url: str) -> str:
         browser = session.browser
-        target = urljoin(browser.url or session.task.start_url(), url.strip())
+        here = browser.url if session.task.allows(browser.url) else session.task.start_url()  # a new tab: about:blank
+        target = urljoin(here, url.strip())
         if not session.task.allows(target):
             raise _Refused(f"{url!r} is not a page of this task; stay on its site")
         navigated = browser.goto(target)
@@ -254,9 +255,11 @@ class BrowserHarness(ToolCalling):
         if name in ("new_tab",):
             browser.new_tab()
         elif name in ("switch_tab", "tab_focus"):
-            count = len(browser.tabs())
-            if index is None or not 0 <= index < count:
-                raise _Refused(f"there is no tab {index}: the tabs are 0 to {count - 1}")
+            tabs = browser.tabs()
+            if index is None or not 0 <= index < len(tabs):
+                raise _Refused(f"there is no tab {index}: the tabs are 0 to {len(tabs) - 1}")
+            if tabs[index].url != "about:blank" and not session.task.allows(tabs[index].url):
+                raise _Refused(f"tab {index} shows a page that is not this task's ({_short(tabs[index].url, 80)})")
             browser.switch_tab(index)
         else:
             if len(browser.tabs()) == 1:
@@ -578,13 +581,13 @@ def _check_value(tool: str, field: str, value: Any, spec: dict[str, Any]) -> Non
         for item in value:
             _check_value(tool, field, item, spec["items"])
     elif kind == "integer":
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and _finite(value) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise FormatError(f"{where} must be a whole number, not {value!r:.40}")
+            raise FormatError(f"{where} must be a whole number, not {str(value)[:40]}")
     elif kind == "number":
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise FormatError(f"{where} must be a number, not {value!r:.40}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
+            raise FormatError(f"{where} must be a number, not {str(value)[:40]}")
     elif kind == "string":
         if not isinstance(value, str):
             raise FormatError(f"{where} must be a string, not {value!r:.40}")
@@ -596,6 +599,14 @@ def _check_value(tool: str, field: str, value: Any, spec: dict[str, Any]) -> Non
         low, high = spec.get("minimum"), spec.get("maximum")
         if (low is not None and value < low) or (high is not None and value > high):
             raise FormatError(f"{where} must be from {low} to {high}, not {value!r:.40}")
+
+
+def _finite(value: int | float) -> bool:
+    """A finite number a float can hold (a 400-digit JSON integer cannot)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _text(value: Any) -> str:
@@ -648,9 +659,13 @@ def _outline(raw: str, elements: dict[str, Element]) -> str:
     return "\n".join(line for line in lines if line)
 
 
+_CONTROLS = {code: " " for code in (*range(32), 127)}
+
+
 def _short(text: str, limit: int) -> str:
-    """One line of at most `limit` characters."""
-    flat = " ".join(str(text).split())
+    """One line of at most `limit` characters, with no control characters (a page's escape codes
+    reach neither the model nor a terminal)."""
+    flat = " ".join(str(text).translate(_CONTROLS).split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 

@@ -487,7 +487,7 @@ def _parsed(submission: str, task: MiniWobTask) -> dict[str, Any] | None:
     checked: dict[str, Any] = {"done": page["done"]}
     for key in ("raw_reward", "reward", "episodes"):
         value = page.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
             raise _Malformed(f"its page's `{key}` is not a number")
         checked[key] = float(value)
     if not -1.0 - 1e-9 <= checked["raw_reward"] <= 1.0 + 1e-9:
@@ -634,3 +634,11 @@ SCRIPTS: dict[str, dict[str, list[dict[str, Any]]]] = {
 }
 """Scripted `solution` and `wrong` steps by page (the harnesses resolve each target and text in the
 live page when the step is played)."""
+
+
+def _finite(value: int | float) -> bool:
+    """A finite number a float can hold (a 400-digit JSON integer cannot)."""
+    try:
+        return math.isfinite(value) and abs(float(value)) < 1e300
+    except OverflowError:
+        return False

@@ -22,13 +22,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import posixpath
 import re
 import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -112,9 +113,10 @@ class BrowserTask(TaskBase):
             return False
         if parts.scheme.lower() in BLOCKED_SCHEMES or parts.scheme != start.scheme:
             return False
-        if parts.scheme == "file":
+        if parts.scheme == "file":  # the path as Chromium resolves it: %-escapes, backslashes, dot segments
             folder = start.path.rsplit("/", 1)[0] + "/"
-            return parts.path.startswith(folder) and "/../" not in parts.path and not parts.netloc
+            path = posixpath.normpath(unquote(parts.path).replace("\\", "/"))
+            return not parts.netloc and (path + "/").startswith(folder) and "\x00" not in path
         return parts.netloc == start.netloc
 
     def on_load(self, browser: Browser) -> None:

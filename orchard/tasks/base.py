@@ -11,6 +11,7 @@ call these, so a new kind is one file (a subclass of `TaskBase`) plus a line in
         public() -> dict                                    # what an agent may see
         prompt() -> str                                     # the task as the first user turn
         sandbox_image(prepare) -> str                       # its sandbox's image, built offline if needed
+        sandbox_init() -> str | None                        # run once as its sandbox starts (a browser)
         start(box)                                          # before the first step (in the agent's shell)
         respond(box, dialogue) -> str | None                # the user's answer when the agent ends its turn
         submission(box) -> str                              # what the attempt produced (SWE: the patch)
@@ -160,6 +161,12 @@ class TaskBase(BaseModel):
     def sandbox_image(self, prepare: Prepare) -> str:
         raise NotImplementedError
 
+    def sandbox_init(self) -> str | None:
+        """A shell command its sandboxes run once as they start, before one is handed over (a
+        browser kind starts Chromium), or None. Unlike `start`, it knows nothing of the attempt,
+        so a warm pool can run it ahead (`orchard.eval.attempt.TaskPools`)."""
+        return None
+
     def start(self, box: Sandbox) -> None:
         box.exec(f"cd {shlex.quote(self.workdir)}", session="agent")
 
@@ -196,6 +203,14 @@ class TaskBase(BaseModel):
 
 
 def task_sandbox(client: Client, task: Any, image: str, **overrides: Any) -> Any:
-    """A fresh sandbox for `task` (an agent's or a grader's), with its kind's limits: the one place
-    they are set."""
-    return client.create(image, **{**type(task).limits, **overrides})
+    """A fresh sandbox for `task` (an agent's or a grader's), with its kind's limits and its
+    `sandbox_init` run there (a warm pool of the same kind hands over one that ran it already):
+    the one place they are set. `init=None` among `overrides` leaves the init out."""
+    return client.create(image, **{**sandbox_args(task), **overrides})
+
+
+def sandbox_args(task: Any) -> dict[str, Any]:
+    """The `Client.create` arguments of `task`'s sandboxes besides the image: its kind's limits,
+    and its init when it has one."""
+    init = task.sandbox_init() if hasattr(task, "sandbox_init") else None
+    return {**type(task).limits, **({"init": init} if init is not None else {})}

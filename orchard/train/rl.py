@@ -12,7 +12,9 @@ trainer's model over the finished conversation, re-tokenized, also when a vLLM s
 it; so TRL's vLLM importance-sampling correction is off (its ratio would be 1). Tasks may be of
 any kind: each rollout is one attempt (`orchard.eval.attempt`), and its reward follows the grade's
 score from -1 (score 0) to +1 (score 1, resolved; both configurable), optionally plus
-`judge_weight` x a judge model's rubric score in [0, 1] (R + alpha J).
+`judge_weight` x a judge model's rubric score in [0, 1] (R + alpha J). While it trains, as many
+sandboxes of each browser kind's image as a stride runs at once are kept started, Chromium
+running (`TaskPools`), and drained at the end.
 
 Per training step it logs the groups formed, the mean reward, the share of informative groups
 (rewards not all equal), rollouts spent per group and rollouts saved against the budget, summed
@@ -37,7 +39,7 @@ from orchard.agents.loop import Limits, record_verdict, save_episode
 from orchard.agents.models import ModelError, TransformersModel
 from orchard.agents.vision import holds_image_processor, load_processor
 from orchard.errors import ConfigError, OrchardError
-from orchard.eval.attempt import attempt
+from orchard.eval.attempt import TaskPools, attempt
 from orchard.store import Store
 from orchard.train import lora_config, quiet, save_trained, shared_args
 from orchard.train.bar import Rollout, balanced_rollout
@@ -366,8 +368,10 @@ def train_rl(
         callbacks=callbacks,
         peft_config=lora_config(config.lora_rank) if config.lora else None,
     )
+    pools = TaskPools(client, min(config.parallel, config.stride))  # browser sandboxes, ahead of the rollouts
     try:
-        quiet(trainer).train()
+        with pools.warm(((t, images[t.instance_id]) for t in tasks), counted=False):
+            quiet(trainer).train()
     finally:
         if rollouts.vllm is not None:
             rollouts.vllm.close()

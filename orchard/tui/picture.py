@@ -25,6 +25,8 @@ def half_blocks(path: str | Path, width: int = 80) -> Text:
             height = max(2, round(image.height * width / image.width / 2) * 2)
             rgb = image.convert("RGB").resize((width, height))
             pixels = [rgb.getpixel((x, y)) for y in range(height) for x in range(width)]
+    except Image.DecompressionBombError:  # past PIL's own pixel bound, before ours is asked
+        return Text(f"[{path}: the image is too large to draw]")
     except (OSError, UnidentifiedImageError, ValueError) as exc:
         return Text(f"[{path}: cannot be drawn: {exc}]")
     picture = Text()

@@ -73,6 +73,17 @@ class SandboxSpec:
     """Who owns it: the manager's owner string (for orphan recovery)."""
     run_id: str | None = None
     """The run it belongs to, if any."""
+    init: str | None = None
+    """A shell command run once through the agent when the sandbox is ready, before it is handed
+    out or held in a warm pool (a browser started, a service warmed up); one that fails fails the
+    sandbox. Specs with different inits are different pools."""
+    init_timeout: float = 60.0
+    """Seconds `init` may run before it is killed, and the sandbox failed."""
+
+
+MAX_INIT = 16 * 1024
+"""The longest `init` command, in characters."""
+MAX_INIT_TIMEOUT = 3600.0
 
 
 @dataclass(frozen=True)
@@ -248,8 +259,11 @@ def make_spec(
     ttl: float = 7200.0,
     env: dict[str, str] | None = None,
     run_id: str | None = None,
+    init: str | None = None,
+    init_timeout: float = 60.0,
 ) -> SandboxSpec:
     """Validate what a user asks for (SDK arguments, a service request) into a spec, one clear error per mistake."""
+    check_init(init, init_timeout)
     if not isinstance(image, str) or not image.strip():
         raise InvalidRequest("image must be a non-empty image reference such as orchard/base:bookworm")
     if network not in ("blocked", "dropped", "open"):
@@ -277,7 +291,22 @@ def make_spec(
         ttl=ttl,
         env=dict(env or {}),
         run_id=run_id,
+        init=init,
+        init_timeout=float(init_timeout),
     )
+
+
+def check_init(init: object, init_timeout: object) -> None:
+    """An init command is None or a non-blank string of at most `MAX_INIT` characters without NUL,
+    and its timeout positive seconds up to `MAX_INIT_TIMEOUT`."""
+    if init is not None and not (isinstance(init, str) and init.strip() and "\0" not in init and len(init) <= MAX_INIT):
+        raise InvalidRequest(f"init must be a shell command of 1 to {MAX_INIT} characters (no NUL), or None")
+    if (
+        isinstance(init_timeout, bool)
+        or not isinstance(init_timeout, int | float)
+        or not (math.isfinite(init_timeout) and 0 < init_timeout <= MAX_INIT_TIMEOUT)
+    ):
+        raise InvalidRequest(f"init_timeout must be positive seconds up to {MAX_INIT_TIMEOUT:g}, not {init_timeout!r}")
 
 
 def labels_for(sandbox_id: str, spec: SandboxSpec) -> dict[str, str]:
