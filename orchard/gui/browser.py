@@ -551,7 +551,14 @@ class Browser:
     def tabs(self) -> list[Tab]:
         """The tabs of this browser context, popups included, in the order they opened."""
         self._refresh_tabs()
-        infos = {target: self._target_info(target) for target in self._order}
+        infos = {}
+        for target in list(self._order):
+            try:
+                infos[target] = self._target_info(target)
+            except CDPError:  # closed since the refresh (a page that closed itself): no tab any more
+                if target == self._active:
+                    raise
+                self._forget(target)
         return [
             Tab(index, infos[target][1], infos[target][0], target == self._active)
             for index, target in enumerate(self._order)
