@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,6 +18,11 @@ import pytest
 from orchard.store import Store
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# A suite started in the background of a script (`./dev test &`, nohup) inherits SIGINT ignored, and so
+# would every process a test starts, which a test's Ctrl-C then never stops: take Python's own back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
