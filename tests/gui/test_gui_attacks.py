@@ -47,6 +47,7 @@ from orchard.agents import harness_factory
 from orchard.agents.base import Action, FormatError, Reply, ToolCall
 from orchard.agents.loop import IMAGE_URL, Episode, Limits, load_images, run_episode
 from orchard.agents.models import ScriptedModel
+from orchard.env import client as client_module
 from orchard.env import images
 from orchard.env.backends.base import AgentEndpoint
 from orchard.env.calls import TUNNEL_MAX_HEAD, AgentCalls
@@ -916,13 +917,22 @@ def test_a_stream_that_closes_at_once_is_a_browser_error(fake_agent):
         CDPConnection.open(fake_agent.box.connect(9222, timeout=2), "/devtools/browser/x", timeout=2)
 
 
-def test_an_agent_that_never_answers_connect_is_an_agent_error(fake_agent):
+ALLOWANCE = 1.0
+"""The agent's connect allowance in the two tests below (`EXPOSE_CONNECT_SECONDS`, 10 s in use):
+the bound they check is the caller's timeout plus that allowance, whatever it is."""
+
+
+def test_an_agent_that_never_answers_connect_is_an_agent_error(fake_agent, monkeypatch):
+    monkeypatch.setattr(client_module, "EXPOSE_CONNECT_SECONDS", ALLOWANCE)
     fake_agent.mode = "mute"
+    started = time.monotonic()
     with pytest.raises(AgentError):
         fake_agent.box.connect(9222, timeout=1)
+    assert time.monotonic() - started < 1 + ALLOWANCE + 3
 
 
-def test_an_agent_that_trickles_its_answer_is_cut_off_in_time(fake_agent):
+def test_an_agent_that_trickles_its_answer_is_cut_off_in_time(fake_agent, monkeypatch):
+    monkeypatch.setattr(client_module, "EXPOSE_CONNECT_SECONDS", ALLOWANCE)
     fake_agent.mode = "trickle"
     failed: list[BaseException] = []
 
@@ -934,7 +944,7 @@ def test_an_agent_that_trickles_its_answer_is_cut_off_in_time(fake_agent):
 
     caller = threading.Thread(target=connect, daemon=True)
     caller.start()
-    caller.join(2 + 10 + 5)  # its timeout, the agent's connect allowance, slack
+    caller.join(2 + ALLOWANCE + 5)  # its timeout, the agent's connect allowance, slack
     still_waiting = caller.is_alive()
     fake_agent.close()  # ends the trickle: the caller then sees the connection close
     caller.join(10)

@@ -8,6 +8,8 @@ import pytest
 
 from orchard.errors import ConfigError
 
+pytestmark = pytest.mark.model
+
 
 def test_smollm2_converts_to_a_checkpoint_that_answers(tmp_path: Path):
     from orchard.agents.models import TransformersModel
