@@ -23,11 +23,11 @@ images:
 
 # the test suite (CI runs exactly this through .ci/run); `just test tests/AREA` runs one area
 test *ARGS: images
-    pytest -n 2 --dist loadfile -p no:cacheprovider {{ARGS}}
+    pytest -n 4 --dist loadfile -p no:cacheprovider {{ARGS}}
 
 # the inner loop: the tests that need no container, no API server and no pretrained model (under 90 s)
 test-quick *ARGS:
-    pytest -n 2 -p no:cacheprovider -m "not docker and not kube and not model" {{ARGS}}
+    pytest -n 4 -p no:cacheprovider -m "not docker and not kube and not model" {{ARGS}}
 
 # format, lint, types, tests
 check: lint test

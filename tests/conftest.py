@@ -26,38 +26,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
-
-SLOW_SECONDS = 20.0
-"""A test whose call takes longer fails unless its docstring has a line `Slow: <why>`."""
-
-HEAVY_FIXTURES = {"docker_client": "docker", "kube": "kube"}
-"""A test using one of these fixtures, directly or through others, gets its marker: `just test-quick`
-runs the tests with neither and no `model` marker (a real pretrained model)."""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        for fixture, marker in HEAVY_FIXTURES.items():
-            if fixture in getattr(item, "fixturenames", ()):
-                item.add_marker(marker)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
-    """Fail a passing test that took over SLOW_SECONDS without saying why, so the suite stays fast."""
-    report = yield
-    if call.when == "call" and report.passed and call.duration > SLOW_SECONDS and not says_why_slow(item):
-        report.outcome = "failed"
-        report.longrepr = (
-            f"{item.nodeid} took {call.duration:.0f} s, over {SLOW_SECONDS:.0f} s: make it faster, or say why "
-            "in its docstring with a line `Slow: <why>` (tests/README.md)"
-        )
-    return report
-
-
-def says_why_slow(item: pytest.Item) -> bool:
-    function = getattr(item, "function", None)
-    return any(line.strip().startswith("Slow:") for line in (getattr(function, "__doc__", None) or "").splitlines())
+pytest_plugins = ["suite_rules"]  # markers from fixtures, and the rule on slow tests
 
 
 def skip_or_fail(message: str) -> None:

@@ -11,6 +11,7 @@ pytestmark = pytest.mark.docker
 
 
 def test_a_short_demo_runs_the_whole_loop(orchard_home, base_image, docker_client, tmp_path):
+    """Slow: `orchard demo` as a user runs it: every stage of the pipeline on a real sandbox and real TRL trainers."""
     from orchard.process import process_owner
 
     def managed() -> set[str]:  # this process's sandboxes (the demo runs in it), not the other worker's

@@ -740,7 +740,10 @@ def test_mini_swe_agent_with_litellm_is_recorded_whole_through_the_proxy_and_tra
 ):
     """mini-swe-agent's own loop and its litellm model, on a real sandbox, talk to the upstream only
     through the proxy (tagged with the sandbox), and never outside loopback; the proxy records the
-    whole episode as one trajectory with a step per model call, and SFT trains on it."""
+    whole episode as one trajectory with a step per model call, and SFT trains on it.
+
+    Slow: mini-swe-agent's own loop through a real proxy, then SFT on what was recorded.
+    """
     global _reached
     import yaml
 

@@ -63,6 +63,7 @@ def test_only_a_local_task_file_may_name_a_kind_by_path(tmp_path):
 
 @pytest.mark.docker
 def test_eval_grades_a_scored_kind_with_scores_and_credit_finds_its_rise(orchard_home, base_image, client, tmp_path):
+    """Slow: eval and credit of a new kind with real sandboxes."""
     from orchard.train.credit import ReplayEstimator, assess
 
     half = tmp_path / "half.json"  # writes a.txt of checksum-pair, not b.txt: half its score
@@ -172,7 +173,10 @@ def test_observations_with_images_travel_through_the_loop_store_and_export(orcha
 @pytest.mark.docker
 def test_the_training_recipe_runs_a_new_kind_unchanged(orchard_home, base_image, tmp_path):
     """Collect, credit by replay, SFT, BAR RL, the value model and eval on the checksum kind: the
-    recipe that trains SWE agents, given another kind's task file and nothing else."""
+    recipe that trains SWE agents, given another kind's task file and nothing else.
+
+    Slow: every stage of the training recipe on a new kind.
+    """
     import yaml
 
     config = yaml.safe_load((ROOT / "examples/configs/swe-tiny.yaml").read_text())

@@ -339,7 +339,10 @@ def test_services_an_agent_forged_to_nest_their_json_deeply_are_problems_not_a_c
 @pytest.mark.docker
 def test_orchard_eval_reports_score_pass_at_2_and_pass_hat_2_per_harness(orchard_home, image):
     """A perfect script passes every task under both harnesses, an empty one fails them all, an
-    unsafe one scores 0 on each."""
+    unsafe one scores 0 on each.
+
+    Slow: two samples of every task under each harness, each a sandbox whose FastAPI services start and are graded by the task's own grader.py.
+    """
     models = ",".join(f"scripted:{SCRIPTS / name}.json" for name in ("gold", "empty", "unsafe"))
     result = runner.invoke(
         app,

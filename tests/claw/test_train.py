@@ -22,6 +22,7 @@ runner = CliRunner()
 
 
 def test_the_claw_recipe_end_to_end(orchard_home, base_image, tmp_path):
+    """Slow: every stage of `orchard train claw`, each with real sandboxes and real TRL trainers."""
     config = yaml.safe_load((ROOT / "examples/configs/claw-tiny.yaml").read_text())
     config.update(
         tasks=str(ROOT / "examples/claw/tasks.json"),
@@ -62,6 +63,7 @@ def test_the_claw_recipe_end_to_end(orchard_home, base_image, tmp_path):
 
 
 def test_the_claw_demo(orchard_home, base_image, tmp_path):
+    """Slow: `orchard demo --recipe claw` as a user runs it: every stage of the pipeline (collect, credit, SFT, BAR RL, value, eval before and after under three harnesses)."""
     result = runner.invoke(app, ["demo", "--recipe", "claw", "--tasks", "1", "--work-dir", str(tmp_path / "demo")])
     assert result.exit_code == 0, result.output
     assert "Orchard-Claw demo: 1 tasks" in result.stdout

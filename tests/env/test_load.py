@@ -17,6 +17,7 @@ SANDBOXES, COMMANDS = 100, 20
 
 
 def test_hundred_sandboxes_twenty_commands_each_all_recorded(base_image, tmp_path, docker_client):
+    """Slow: a load test: a hundred real sandboxes at once is its point."""
     db = f"sqlite:///{tmp_path}/load.db"
 
     def one_sandbox(client: Client, n: int) -> list[str]:

@@ -312,6 +312,7 @@ def test_a_store_and_a_key_are_created_private_and_wide_ones_tightened(tmp_path,
 
 
 def test_a_2_gib_file_is_refused_not_read_into_memory(up, http, sandbox_id):
+    """Slow: it streams a 2 GiB upload at the service to show it is refused as it comes, not read."""
     made = http.post(f"/sandboxes/{sandbox_id}/exec", json={"command": "truncate -s 2G /tmp/big", "wait": True})
     up.reset_peak()
     assert made.json()["exit_code"] == 0

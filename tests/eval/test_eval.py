@@ -33,6 +33,7 @@ def eval_(*args: str):
 
 
 def test_gold_predictions_resolve_every_example_task_and_a_rerun_resumes(orchard_home, base_image, mirror, tmp_path):
+    """Slow: every example task graded in its own sandbox."""
     report = tmp_path / "report.json"
     eval_("--predictions", "gold", "--repos", str(mirror), "--report", str(report))
     data = json.loads(report.read_text())
@@ -49,6 +50,7 @@ def test_gold_predictions_resolve_every_example_task_and_a_rerun_resumes(orchard
 
 
 def test_scripted_model_resolves_everything_under_every_harness_and_noop_nothing(orchard_home, base_image, mirror):
+    """Slow: 90 episodes: every example task under three harnesses, by a perfect and a do-nothing agent, each graded in a fresh sandbox."""
     result = eval_(
         "--model", "scripted:gold", "--harness", "bash,tools,cli", "--repos", str(mirror), "--concurrency", "2"
     )
@@ -113,6 +115,7 @@ def test_trajectories_round_trip_through_jsonl(orchard_home, base_image, mirror,
 
 
 def test_a_custom_harness_and_the_model_x_harness_matrix(orchard_home, base_image, mirror):
+    """Slow: every pair of two models and two harnesses on two example tasks, each episode in a sandbox, graded in another."""
     ids = "orchard-examples__inventory-1,orchard-examples__timecalc-2"
     custom = f"{ROOT / 'examples' / 'custom_harness.py'}:XmlHarness"
     result = eval_("--model", "scripted:gold,noop", "--harness", f"bash,{custom}", "--ids", ids, "--repos", str(mirror))
@@ -123,6 +126,7 @@ def test_a_custom_harness_and_the_model_x_harness_matrix(orchard_home, base_imag
 
 
 def test_an_interrupted_eval_continues_where_it_stopped(orchard_home, base_image, mirror, docker_client):
+    """Slow: a real run of all the example tasks is killed part way and resumed to the end."""
     import os
     import signal
     import time

@@ -546,6 +546,7 @@ def hanging_server() -> Iterator[StubServer]:
 def test_ctrl_c_stops_a_run_waiting_on_a_hung_model_server_and_keeps_what_finished(
     orchard_home, base_image, example_repos, docker_client, hanging_server, tmp_path
 ):
+    """Slow: a real `orchard eval` process (its imports are seconds) runs one episode, then hangs on the model server until Ctrl-C."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")} | {"ORCHARD_HOME": str(orchard_home)}
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     with out.open("w") as stdout, err.open("w") as stderr:

@@ -394,6 +394,7 @@ def test_beforeunload_does_not_keep_the_agent_on_a_page(pages_box):
 
 @pytest.mark.docker
 def test_a_page_that_never_finishes_loading_costs_a_bounded_wait(pages_box):
+    """Slow: the bound it checks is the browser's own load timeout (20 s), waited out for real."""
     task = AttackPages(instance_id="attack/stall", pages={"index.html": "<title>Index</title>"}, http=True)
     task.steps = [{"kind": "call", "tool": "goto", "arguments": {"url": "/stall"}}, PRESS[-1]]
     episode, took = work(pages_box, task, "bid")

@@ -23,6 +23,7 @@ runner = CliRunner()
 
 
 def test_the_sites_grade_a_perfect_agent_resolved_and_a_wrong_one_not(orchard_home, browser_image):
+    """Slow: 76 browser episodes (19 tasks x 2 harnesses x a perfect and a wrong agent), each in a fresh Chromium sandbox: every task's scripts are checked in the browser."""
     ids = [task["instance_id"] for task in json.loads(TASKS.read_text())]
     assert len(ids) >= 15 and {i.split("-")[1] for i in ids} == {"shop", "wiki", "booking"}
     result = runner.invoke(app, ["eval", "--tasks", str(TASKS), "--model", "scripted:solution,scripted:wrong"])
@@ -40,7 +41,10 @@ def test_the_sites_grade_a_perfect_agent_resolved_and_a_wrong_one_not(orchard_ho
 def test_the_gui_recipe_end_to_end(orchard_home, browser_image, tmp_path):
     """Collection under both harnesses, credit by replaying the grade's score, SFT of a tiny
     vision-language model with the screenshots in its batch, BAR RL under `bid`, a value head on
-    the student's language model, and eval before and after under both harnesses."""
+    the student's language model, and eval before and after under both harnesses.
+
+    Slow: every stage of `orchard train gui`: episodes in real Chromium under two harnesses, SFT and RL of a vision-language model.
+    """
     config = yaml.safe_load((ROOT / "examples/configs/gui-tiny.yaml").read_text())
     config.update(
         tasks=str(TASKS), ids=["gui-wiki-office-manager", "gui-shop-cheapest-light"], work_dir=str(tmp_path / "w")

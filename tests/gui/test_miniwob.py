@@ -323,6 +323,7 @@ def test_the_episode_is_read_from_its_own_tab(client, image):
 
 @pytest.mark.docker
 def test_orchard_eval_runs_miniwob_pages(orchard_home, image):
+    """Slow: MiniWoB++ episodes in real Chromium sandboxes through the CLI."""
     names = "click-button,enter-text,click-checkboxes"
     models = "scripted:solution,scripted:wrong"
     result = runner.invoke(app, ["eval", "--tasks", f"miniwob:{names}", "--model", models, "--harness", "computer"])

@@ -72,6 +72,7 @@ def pools_ready(manager) -> list[int]:
 
 
 def test_a_pooled_browser_sandbox_has_chromium_running_before_launch(fresh, browser_image):
+    """Slow: it starts Chromium in pooled sandboxes and waits for each to listen."""
     (task,) = gui_tasks("gui-shop-rain-jacket")
     assert task.sandbox_init() == start_command(task.viewport)
     manager = fresh._manager
@@ -145,7 +146,10 @@ def test_an_eval_of_two_gui_tasks_takes_a_pooled_browser_and_leaks_nothing(
     fresh, browser_image, docker_client, orchard_home
 ):
     """One attempt at a time: the second attempt's sandbox comes from the pool, warmed while the
-    first ran, and nothing else was started; once the run is over, no sandbox is left."""
+    first ran, and nothing else was started; once the run is over, no sandbox is left.
+
+    Slow: an eval of browser tasks with a warm pool of Chromium sandboxes.
+    """
     from orchard.agents.models import model_from_spec
     from orchard.eval.agent import agent_solver
     from orchard.eval.runner import evaluate

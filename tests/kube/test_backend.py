@@ -122,7 +122,10 @@ def test_an_api_server_restart_loses_no_sandbox_and_the_watch_resumes(
     kube, manager, api, namespace, base_image
 ) -> None:
     """After a restart the API server's watch cache starts at etcd's revision then: the watch's last
-    version is too old (410 Gone), so the cache lists anew, and resumes."""
+    version is too old (410 Gone), so the cache lists anew, and resumes.
+
+    Slow: it stops and restarts the real kube-apiserver, which takes seconds to serve again.
+    """
     first = manager.create(make_spec(base_image), sandbox_id="e2e-before", timeout=120)
     cache = manager.backend._cache  # type: ignore[attr-defined]
     expired = cache.expired

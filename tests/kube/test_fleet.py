@@ -119,6 +119,7 @@ def _no_pods_left(api, namespace: str) -> Iterator[None]:
 def test_any_replica_serves_any_sandbox_and_a_killed_replica_loses_nothing(
     replicas, api, namespace, kubelet, base_image
 ) -> None:
+    """Slow: three real service replicas as processes, one killed and its sandboxes served by the others."""
     a, a_process = replicas.start("a")
     b, b_process = replicas.start("b")
     with _no_pods_left(api, namespace):
@@ -168,6 +169,7 @@ def test_any_replica_serves_any_sandbox_and_a_killed_replica_loses_nothing(
 def test_heartbeats_to_any_replica_keep_a_sandbox_alive_and_once_they_stop_the_fleet_reaps_it(
     replicas, api, namespace, kubelet, base_image
 ) -> None:
+    """Slow: it waits for real heartbeat silences and the reaper's rounds."""
     a, _ = replicas.start("a")
     b, _ = replicas.start("b")
     with _no_pods_left(api, namespace):

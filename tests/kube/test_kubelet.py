@@ -238,7 +238,10 @@ def test_status_only_makes_100_pods_ready_and_deletes_them(kube, api, namespace)
 
 def test_the_watch_survives_an_api_server_restart(kube, api, namespace):
     """The restarted API server's watch cache starts past the kubelet's resourceVersion (a ConfigMap
-    was written since): its watch gets 410 Gone, it relists, and Pods created then are run and deleted."""
+    was written since): its watch gets 410 Gone, it relists, and Pods created then are run and deleted.
+
+    Slow: it stops and restarts the real kube-apiserver, which takes seconds to serve again.
+    """
     with TestKubelet(kube.client(), namespace=namespace, node_name=f"fake-{namespace}", mode="status-only") as kubelet:
         _create(api, namespace, _pod("before", [{"name": "main", "image": "any"}]))
         _wait("the first Pod Ready", _ready(api, namespace, "before"))

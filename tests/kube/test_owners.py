@@ -50,6 +50,7 @@ def _eventually(check, seconds: float, what: str) -> None:
 def test_a_killed_owners_sandbox_is_reaped_once_its_lease_lapses_and_not_before(
     kube, namespace, api, tmp_path: Path
 ) -> None:
+    """Slow: it waits out a real lease, checking the sandbox is kept until then."""
     owner = subprocess.Popen(
         [sys.executable, "-c", OWNER, kube.kubeconfig, namespace], stdout=subprocess.PIPE, text=True
     )

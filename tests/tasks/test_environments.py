@@ -561,7 +561,10 @@ def test_the_image_installs_offline_from_the_wheelhouse(
     """Requirements read at environment_setup_commit (base_commit's would not resolve), less a
     line that does not build here, pinned pip packages, pre_install lines skipped (network) or
     failed, all recorded; `install` offline at build time and again in a sandbox, where `python`,
-    `pip` and `pytest` are the venv's."""
+    `pip` and `pytest` are the venv's.
+
+    Slow: it resolves and downloads into a wheelhouse, then builds a task image from it offline.
+    """
     root, setup, base = mirror
     task = _task(setup, base)
     lines: list[str] = []
@@ -599,6 +602,7 @@ def test_the_image_installs_offline_from_the_wheelhouse(
 def test_a_source_only_dependency_is_built_in_the_base_image(
     docker_client, base_image, offline: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Slow: it builds a wheel from source with pip and a task image with it, as a user's first run does."""
     from orchard.env import images
 
     monkeypatch.setenv("ORCHARD_CACHE_DIR", str(tmp_path / "cache"))  # nothing built before

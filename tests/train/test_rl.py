@@ -28,6 +28,7 @@ class Judge:
 
 
 def test_one_grpo_step_on_bar_groups_of_sandboxed_episodes(client, example_task, tmp_path):
+    """Slow: rollouts are real episodes in sandboxes, then a real GRPO step."""
     import torch
     from transformers import AutoModelForCausalLM
 

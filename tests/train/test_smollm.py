@@ -12,6 +12,7 @@ pytestmark = pytest.mark.model
 
 
 def test_smollm2_converts_to_a_checkpoint_that_answers(tmp_path: Path):
+    """Slow: it dequantizes a real 135M-parameter GGUF model, saves it and has it answer."""
     from orchard.agents.models import TransformersModel
     from orchard.train.smollm import convert_smollm2
     from orchard.train.tiny import CHAT_TEMPLATE

@@ -19,6 +19,7 @@ runner = CliRunner()
 
 
 def test_the_whole_recipe_then_a_rerun_that_skips_every_stage(orchard_home, base_image, example_repos, tmp_path):
+    """Slow: every stage of the recipe, then all of it again to show each is skipped."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -90,7 +91,10 @@ def test_a_recipe_run_from_another_folder_takes_its_paths_from_the_file(
     """The shipped swe-tiny, shortened, run from an unrelated folder with an empty $HOME: its tasks and
     repos are found next to the file, models go under $ORCHARD_HOME/train/NAME, and nothing of Orchard's
     lands in $HOME or the working folder (before: the tasks were looked for in the working folder, after the
-    work folder had been made under ~/.orchard)."""
+    work folder had been made under ~/.orchard).
+
+    Slow: a real recipe run in a separate process.
+    """
     import os
     import subprocess
     import sys
@@ -145,7 +149,10 @@ def two_processes(config: dict, tmp_path: Path):
 
 def test_a_two_process_launch_collects_once_and_trains_data_parallel(orchard_home, base_image, example_repos, tmp_path):
     """`torchrun --nproc_per_node 2` on CPU (gloo), as a multi-GPU launch would run: sandbox work and
-    run records happen once, every process trains, and each rolls out its own BAR groups."""
+    run records happen once, every process trains, and each rolls out its own BAR groups.
+
+    Slow: two real training processes (torch.distributed on gloo) run the recipe together.
+    """
     from orchard.store import SandboxRecord, TrajectoryRecord
     from orchard.store.runs import metrics_of
 
@@ -186,7 +193,10 @@ def test_a_two_process_launch_collects_once_and_trains_data_parallel(orchard_hom
 
 
 def test_a_failure_on_the_main_process_stops_every_process(orchard_home, base_image, example_repos, tmp_path):
-    """The others wait for the main process's collection; when it fails they stop too, instead of hanging."""
+    """The others wait for the main process's collection; when it fails they stop too, instead of hanging.
+
+    Slow: two training processes (each imports torch and TRL) are started and must both stop.
+    """
     config = {
         "name": "swe-ddp-bad",
         "tasks": str(ROOT / "examples/tasks/tasks.jsonl"),

@@ -36,6 +36,7 @@ def record(index: int, resolved: bool, instance: str = "t") -> TrajectoryRecord:
 
 
 def test_a_value_model_separates_resolved_from_unresolved(tmp_path: Path):
+    """Slow: it trains a value model until it separates the two, with a real TRL trainer."""
     from orchard.train.tiny import build_tiny_model
 
     base = build_tiny_model(tmp_path / "tiny")
