@@ -88,6 +88,8 @@ MAX_OPTIONS = 100
 MAX_TEXT = 64 * 1024
 """The most `insert_text` types at once."""
 MAX_URL = 8192
+SCREENSHOT_TIMEOUT = 10.0
+"""Seconds a screenshot's capture may take; one that goes unanswered is asked once more."""
 SETTLE_QUIET = 0.05
 """Seconds without a navigation event that `settle` waits for once nothing is loading."""
 VERSION_BYTES = 64 * 1024
@@ -507,10 +509,16 @@ class Browser:
         """A PNG of the active tab's viewport, checked: its signature, and a size equal to the
         viewport's."""
         params = {"format": "png", "optimizeForSpeed": True, "captureBeyondViewport": False, "fromSurface": True}
+        unanswered = 0
         for attempt in range(3):
             try:
-                answer = self._send("Page.captureScreenshot", params, max_bytes=MAX_MESSAGE)
+                answer = self._send("Page.captureScreenshot", params, timeout=SCREENSHOT_TIMEOUT, max_bytes=MAX_MESSAGE)
                 break
+            except BrowserTimeout:  # asked as a navigation committed (a loaded machine), it may go unanswered
+                unanswered += 1
+                if attempt == 2 or unanswered == 2:  # once more only: a hung renderer is the page's
+                    raise
+                self.settle(timeout=5.0)
             except CDPError as exc:  # a page in the middle of a navigation has nothing to capture yet
                 if attempt == 2 or "not attached to an active page" not in str(exc).lower():
                     raise

@@ -54,6 +54,7 @@ from orchard.env.calls import TUNNEL_MAX_HEAD, AgentCalls
 from orchard.env.client import Sandbox
 from orchard.env.transport import AgentChannel
 from orchard.errors import AgentError, OrchardError
+from orchard.gui import browser as browser_module
 from orchard.gui import task as gui_task
 from orchard.gui.browser import MAX_TABS, Browser
 from orchard.gui.cdp import BrowserError, BrowserTimeout, CDPConnection
@@ -485,7 +486,7 @@ def test_a_popup_off_the_task_is_not_the_agents_to_work(pages_box, folder_task):
 FAKE_CHROMIUM = r'''
 """A fake Chromium on 127.0.0.1:9222: enough of the DevTools protocol for `Browser.launch` and one
 tab; screenshots, scripts and targets answer as /tmp/mode says."""
-import base64, hashlib, json, socket, struct, threading, zlib
+import base64, hashlib, json, os, socket, struct, threading, zlib
 
 def chunk(kind, data):
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
@@ -548,6 +549,9 @@ def result(message):
         extra = [dict(page, targetId="P%d" % i) for i in range(5000)] if now == "targets-flood" else []
         return json.dumps({"targetInfos": [page] + extra})
     if method == "Page.captureScreenshot":
+        if now == "unanswered" or (now == "unanswered-once" and not os.path.exists("/tmp/asked")):
+            open("/tmp/asked", "w").close()
+            return None  # no answer at all, as a capture asked while a navigation commits may get
         return json.dumps({"data": SHOT.get(now, SHOT["plain"])})
     if method == "Page.navigate":
         return '{"frameId": "T1"}'
@@ -616,7 +620,9 @@ def serve(conn):
         for payload in frames(conn, buffer):
             message = json.loads(payload)
             session = ', "sessionId": ' + json.dumps(message["sessionId"]) if "sessionId" in message else ""
-            send(conn, '{"id": %d, "result": %s%s}' % (message["id"], result(message), session))
+            answer = result(message)
+            if answer is not None:
+                send(conn, '{"id": %d, "result": %s%s}' % (message["id"], answer, session))
     except (EOFError, OSError):
         pass
     conn.close()
@@ -664,6 +670,23 @@ def test_a_screenshot_the_host_cannot_size_is_refused(fake_chromium, fake_browse
     answering(fake_chromium, mode)
     with pytest.raises(BrowserError, match=says):
         fake_browser.screenshot()
+
+
+@pytest.mark.docker
+def test_a_capture_left_unanswered_is_asked_once_more_and_then_is_the_browsers_timeout(
+    fake_chromium, fake_browser, monkeypatch
+):
+    """A capture asked as a navigation commits may never be answered (seen on a loaded machine);
+    it is asked again once the page settled, and a second silence is the browser's timeout."""
+    monkeypatch.setattr(browser_module, "SCREENSHOT_TIMEOUT", 1.0)
+    fake_chromium.exec("rm -f /tmp/asked")
+    answering(fake_chromium, "unanswered-once")
+    assert fake_browser.screenshot().startswith(b"\x89PNG")
+    answering(fake_chromium, "unanswered")
+    started = time.monotonic()
+    with pytest.raises(BrowserTimeout, match=r"did not answer Page\.captureScreenshot within 1 s"):
+        fake_browser.screenshot()
+    assert 2 <= time.monotonic() - started < 2 + 5 + 3  # two captures, one settle between them
 
 
 def bomb_png(width: int, height: int) -> bytes:
