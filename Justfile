@@ -23,7 +23,7 @@ images:
 
 # the test suite (CI runs exactly this through .ci/run); `just test tests/AREA` runs one area
 test *ARGS: images
-    pytest -n 4 --dist loadfile -p no:cacheprovider {{ARGS}}
+    pytest -n 3 --dist loadfile -p no:cacheprovider {{ARGS}}
 
 # the inner loop: the tests that need no container, no API server and no pretrained model (under 90 s)
 test-quick *ARGS:
