@@ -396,6 +396,8 @@ def test_eval_against_a_server_that_is_down_is_one_line_and_starts_nothing(orcha
 
 @pytest.mark.docker
 def test_a_server_that_stops_answering_mid_run_stops_the_run_in_one_line(orchard_home, example_repos, base_image):
+    """Slow: a real eval whose model server stops answering: the request timeouts are waited out before the run stops."""
+
     def answer(method: str, path: str, body: Any) -> Answer:
         return lists("m") if method == "GET" else HANG
 

@@ -433,7 +433,10 @@ def test_security_profile_holds_against_attempts(client, base_image):
 
 
 def test_pids_limit_stops_a_fork_storm(base_image, tmp_path):
-    """Spawning past the pids limit fails inside the sandbox; the agent itself keeps answering."""
+    """Spawning past the pids limit fails inside the sandbox; the agent itself keeps answering.
+
+    Slow: a fork storm runs in a real sandbox until its pids limit stops it.
+    """
     from orchard.env.backends import SandboxSpec
     from orchard.env.calls import AgentCalls, send
     from orchard.env.manager import SandboxManager, agent_http

@@ -326,7 +326,10 @@ def test_a_2_gib_file_is_refused_not_read_into_memory(up, http, sandbox_id):
 
 
 def test_many_big_outputs_keep_the_service_bounded(up, http, sandbox_id):
-    """80 commands of 8 MB output each (640 MB in all): memory stays bounded; the oldest outputs are dropped."""
+    """80 commands of 8 MB output each (640 MB in all): memory stays bounded; the oldest outputs are dropped.
+
+    Slow: many commands of big output at once through the real service, to show its memory stays bounded.
+    """
     command = "head -c 8000000 /dev/zero | tr '\\0' x"
     up.reset_peak()
 

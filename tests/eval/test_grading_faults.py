@@ -51,7 +51,10 @@ def test_a_task_whose_gold_patch_does_not_pass_or_whose_test_patch_is_broken(cli
 
 def test_no_test_at_all_is_the_patch_s_fault_only_when_the_tests_run_without_it(client, example):
     """A run in which no test ran is `unresolved` when the patch did it (here: the package ends the
-    process as it is imported), and `error` of the task when no test runs without the patch either."""
+    process as it is imported), and `error` of the task when no test runs without the patch either.
+
+    Slow: the task is graded several times, each in a fresh sandbox, with and without the patch.
+    """
     task, image = example
     package = "textkit/__init__.py"
     with client.create(image) as box:

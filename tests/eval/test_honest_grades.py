@@ -126,6 +126,7 @@ def grade(record: ResultRecord) -> dict:
 
 @pytest.mark.docker
 def test_crafted_predictions_no_longer_grade_as_resolved(orchard_home, base_image, example_repos, tasks, tmp_path):
+    """Slow: each crafted prediction is graded in a fresh sandbox of its own."""
     textkit1, textkit2 = tasks["orchard-examples__textkit-1"], tasks["orchard-examples__textkit-2"]
     root_conftest = (example_repos / "orchard-examples__textkit" / "conftest.py").read_text()
     timecalc_init = (example_repos / "orchard-examples__timecalc" / "timecalc" / "__init__.py").read_text()

@@ -429,6 +429,7 @@ class Submits:
 def test_the_models_own_endings_are_its_outcome_and_only_the_machines_are_errors(
     client, example_task, example_repos, docker_client, tmp_path
 ):
+    """Slow: one real episode in a sandbox for each way a model can end one."""
     task, _ = example_task(TEXTKIT_1)
     store = Store.open(f"sqlite:///{tmp_path / 'store.db'}")
     behaviours = [

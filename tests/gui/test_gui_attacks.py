@@ -363,7 +363,10 @@ def test_a_hostile_page_keeps_every_step_bounded(pages_box, name, harness):
 def test_a_page_that_never_yields_aborts_the_episode_in_time_and_the_browser_goes_on(pages_box, name):
     """An endless alert loop (each dialog accepted, the next one opening) or an endless script
     holds the tab's renderer: the click's command times out, the episode is aborted with the
-    browser's error, the context is disposed, and the sandbox's Chromium serves the next task."""
+    browser's error, the context is disposed, and the sandbox's Chromium serves the next task.
+
+    Slow: the click's command timeout (10 s) is waited out for real.
+    """
     task = AttackPages(instance_id=f"attack/{name}", pages={f"{name}.html": HOSTILE[name]}, first=f"{name}.html")
     task.steps = PRESS
     episode, took = work(pages_box, task, "computer")

@@ -38,6 +38,7 @@ def verdict(messages: list[dict]) -> str:
 def test_a_vision_judge_grades_open_tasks_from_the_answer_and_the_screenshots(
     orchard_home, browser_image, chat_server, monkeypatch
 ):
+    """Slow: open tasks run in real Chromium sandboxes, then a judge on a loopback server grades their screenshots."""
     base_url, bodies = chat_server(verdict)
     monkeypatch.setenv(JUDGE_ENV, "openai:judge-model")
     monkeypatch.setenv("OPENAI_BASE_URL", base_url)

@@ -172,7 +172,10 @@ def test_orchard_eval_through_a_service_on_kubernetes(
     kube, api, namespace, kubelet, agent_image, example_repos, start_service, orchard_home, monkeypatch, tmp_path
 ) -> None:
     """`orchard up --backend kubernetes` (the service over this backend) and `orchard eval` of two
-    example tasks through it, unchanged: every episode and every grade in a Pod of its own."""
+    example tasks through it, unchanged: every episode and every grade in a Pod of its own.
+
+    Slow: a real eval through a service on the kube-apiserver, its Pods run by the test kubelet.
+    """
     from typer.testing import CliRunner
 
     from orchard.cli import app

@@ -184,6 +184,7 @@ def test_a_missing_image_is_err_image_pull_and_the_pod_stays_pending(api, namesp
 
 
 def test_a_graceful_delete_removes_the_containers_then_the_pod(api, namespace, kubelet):
+    """Slow: the Pod's grace period is waited out for real."""
     _create(api, namespace, _served_pod("doomed"))
     pod = _wait("the Pod to be Ready", _ready(api, namespace, "doomed"))
     assert len(kubelet.containers("doomed")) == 2  # the init container and the server

@@ -142,7 +142,10 @@ def test_an_owner_whose_clock_is_an_hour_behind_is_not_taken_for_dead(
     kube, namespace, api, tmp_path, monkeypatch
 ) -> None:
     """Lease silence is timed on the reader's clock: an owner renewing with times an hour old (its
-    clock behind) keeps its Pods; once it closes (its Lease deleted) they are reaped."""
+    clock behind) keeps its Pods; once it closes (its Lease deleted) they are reaped.
+
+    Slow: a lease is waited out to show that an owner an hour behind is not taken for dead.
+    """
     from dataclasses import replace
 
     from orchard.env.backends import kubernetes

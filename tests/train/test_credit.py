@@ -46,6 +46,7 @@ class Judge:
 
 @pytest.mark.docker
 def test_replay_and_judge_on_a_scripted_trajectory(orchard_home, example_repos, example_task, client):
+    """Slow: the trajectory's steps are replayed in fresh sandboxes, each graded."""
     from typer.testing import CliRunner
 
     from orchard.cli import app
