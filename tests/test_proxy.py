@@ -210,8 +210,8 @@ def upstream_serving(
                 self.chunk(f"data: {json.dumps(chunk)}\n\n".encode())
                 time.sleep(0.005)  # chunks arrive apart, as a model's tokens do
             self.chunk(b"data: [DONE]\n\n")
+            upstream.finished_streams += 1  # before the stream's end, which the client may see at once
             self.chunk(b"")
-            upstream.finished_streams += 1
 
         def chunk(self, data: bytes) -> None:
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
