@@ -27,7 +27,6 @@ def test_version():
     assert result.exit_code == 0 and result.output.startswith("orchard ")
 
 
-@pytest.mark.docker
 def test_sandbox_commands_against_the_service(service, busybox_image, monkeypatch):
     url, key = service
     monkeypatch.setenv("ORCHARD_URL", url)
@@ -53,7 +52,6 @@ def test_sandbox_commands_against_the_service(service, busybox_image, monkeypatc
     assert sandbox_id not in runner.invoke(app, ["sandbox", "ls"]).stdout
 
 
-@pytest.mark.docker
 def test_user_mistakes_are_one_line_errors(service, monkeypatch):
     url, key = service
     monkeypatch.setenv("ORCHARD_URL", url)
@@ -93,7 +91,6 @@ def test_an_unreachable_service_is_a_clear_error(orchard_home, monkeypatch):
         assert result.stderr.startswith("error: no answer from http://127.0.0.1:9") and result.stderr.count("\n") == 1
 
 
-@pytest.mark.docker
 def test_up_status_down_leave_nothing_behind(orchard_home, docker_client, base_image):
     """`orchard up` in the background, a sandbox through it, `orchard down`: service and sandbox gone."""
     import socket

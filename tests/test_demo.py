@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 from typer.testing import CliRunner
 
 from orchard.cli import app
-
-pytestmark = pytest.mark.docker
 
 
 def test_a_short_demo_runs_the_whole_loop(orchard_home, base_image, docker_client, tmp_path):

@@ -734,7 +734,6 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
 sys.addaudithook(_audit)  # audit hooks cannot be removed: it records only while _reached is a list
 
 
-@pytest.mark.docker
 def test_mini_swe_agent_with_litellm_is_recorded_whole_through_the_proxy_and_trains(
     client, example_task, store, monkeypatch, tmp_path
 ):
@@ -875,7 +874,6 @@ print(text)
 """
 
 
-@pytest.mark.docker
 def test_an_agent_cli_in_a_blocked_sandbox_reaches_the_proxy_through_the_agent_and_is_recorded(
     client, base_image, upstream, store
 ):

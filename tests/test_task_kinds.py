@@ -61,7 +61,6 @@ def test_only_a_local_task_file_may_name_a_kind_by_path(tmp_path):
         load_tasks(folder)
 
 
-@pytest.mark.docker
 def test_eval_grades_a_scored_kind_with_scores_and_credit_finds_its_rise(orchard_home, base_image, client, tmp_path):
     """Slow: eval and credit of a new kind with real sandboxes."""
     from orchard.train.credit import ReplayEstimator, assess
@@ -130,7 +129,6 @@ PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAh
 """A 1x1 PNG: what a browser harness's screenshot is, in miniature."""
 
 
-@pytest.mark.docker
 def test_observations_with_images_travel_through_the_loop_store_and_export(orchard_home, base_image, client, tmp_path):
     from orchard.agents.bash import BashHarness
     from orchard.agents.loop import run_episode, save_episode
@@ -170,7 +168,6 @@ def test_observations_with_images_travel_through_the_loop_store_and_export(orcha
     assert again is not None and json.loads(again.messages) == line["messages"]
 
 
-@pytest.mark.docker
 def test_the_training_recipe_runs_a_new_kind_unchanged(orchard_home, base_image, tmp_path):
     """Collect, credit by replay, SFT, BAR RL, the value model and eval on the checksum kind: the
     recipe that trains SWE agents, given another kind's task file and nothing else.

@@ -79,7 +79,6 @@ def test_fences_and_heredocs_survive_awkward_content():
         )
 
 
-@pytest.mark.docker
 def test_cli_shell_scripts_of_any_size_run(client):
     """Coding CLIs send `["bash", "-lc", SCRIPT]`: SCRIPT runs as itself, past the 128 KiB argv limit."""
     harness = harness_factory("cli")()

@@ -6,12 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 from orchard.tasks.grading import grade_patch
 
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
-pytestmark = pytest.mark.docker
 
 
 def test_mini_swe_agent_resolves_an_example_task_in_a_sandbox(client, example_task):

@@ -345,7 +345,6 @@ def example(example_task):
     return example_task("orchard-examples__textkit-2")
 
 
-@pytest.mark.docker
 def test_a_cut_reply_is_told_and_a_broken_answer_ends_the_episode_keeping_its_steps(example, client):
     replies = iter(
         [
@@ -394,7 +393,6 @@ def test_eval_against_a_server_that_is_down_is_one_line_and_starts_nothing(orcha
         assert db.exec(select(RunRecord)).all() == [] and db.exec(select(SandboxRecord)).all() == []
 
 
-@pytest.mark.docker
 def test_a_server_that_stops_answering_mid_run_stops_the_run_in_one_line(orchard_home, example_repos, base_image):
     """Slow: a real eval whose model server stops answering: the request timeouts are waited out before the run stops."""
 

@@ -38,7 +38,6 @@ def well_formed(episode) -> None:
     assert episode.submission == "" and episode.status in ("truncated", "aborted", "completed")
 
 
-@pytest.mark.docker
 def test_a_tiny_local_model_runs_a_whole_episode(tiny, example, client):
     task, image = example
     model = TransformersModel(str(tiny), max_new_tokens=12)
@@ -89,7 +88,6 @@ def served(tiny):
         log.close()
 
 
-@pytest.mark.docker
 def test_the_openai_client_against_a_real_local_server(served, example, client):
     base_url, name = served
     model = OpenAIModel(name, base_url=base_url, max_tokens=12)

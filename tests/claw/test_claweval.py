@@ -126,7 +126,6 @@ def test_a_bad_task_yaml_is_one_line_naming_the_file_and_field(tmp_path, orchard
 # -- in sandboxes ------------------------------------------------------------------------------
 
 
-@pytest.mark.docker
 def test_the_sandbox_holds_the_services_and_the_tasks_files_but_not_its_grader(client, image):
     built = runner.invoke(app, ["image", "build-claw-eval"])
     assert built.exit_code == 0 and built.output == f"{image}\n"  # built once, by content: the same image
@@ -148,7 +147,6 @@ def test_the_sandbox_holds_the_services_and_the_tasks_files_but_not_its_grader(c
         assert list(submission["audit"]) == ["todo"] and submission["audit"]["todo"]["deleted"] == []
 
 
-@pytest.mark.docker
 @pytest.mark.parametrize("harness", [*HARNESSES, "react"])
 def test_the_trace_and_the_dispatches_come_from_the_transcript_under_each_harness(client, image, harness, tmp_path):
     """N01's to-do service answers the first create 429: the perfect script retries (robustness
@@ -203,7 +201,6 @@ def dispatched(episode: Any) -> list[dict[str, Any]]:
     return [{k: v for k, v in d.items() if k != "tool_use_id"} for d in dispatched_with_ids(episode)]
 
 
-@pytest.mark.docker
 @pytest.mark.parametrize("instance_id", IDS)
 def test_react_dispatches_and_scores_as_functions_does(client, image, instance_id):
     """The same gold script under `react` (text actions and observations) and `functions` (tool
@@ -221,7 +218,6 @@ def call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-@pytest.mark.docker
 def test_calls_the_harness_refused_are_no_dispatches(client, image):
     """A call the harness refused as malformed reached no service: under `assistant` its answer is
     `Error: ` and the format error (the whole reply refused, a well-formed call in it too), under
@@ -308,7 +304,6 @@ todo.serve_forever()
 """
 
 
-@pytest.mark.docker
 def test_services_an_agent_forged_to_nest_their_json_deeply_are_problems_not_a_crash(client, image, tmp_path):
     """An agent with a shell replaces the task's services with its own, whose audits and answers
     are JSON nested too deeply to parse (or deeper than `MAX_DEPTH`): the audits are named in the
@@ -336,7 +331,6 @@ def test_services_an_agent_forged_to_nest_their_json_deeply_are_problems_not_a_c
     assert grade.outcome == "unresolved" and grade.error is None and grade.checks["problems"] == submission["problems"]
 
 
-@pytest.mark.docker
 def test_orchard_eval_reports_score_pass_at_2_and_pass_hat_2_per_harness(orchard_home, image):
     """A perfect script passes every task under both harnesses, an empty one fails them all, an
     unsafe one scores 0 on each.
@@ -481,7 +475,6 @@ def _plays(messages: list[dict[str, Any]]) -> str:
     return "Yes, please, due this week." if messages[-1]["content"].rstrip().endswith("?") else "[DONE]"
 
 
-@pytest.mark.docker
 def test_the_judge_and_the_simulated_user_are_models_whose_words_are_kept(client, image, tmp_path, monkeypatch):
     task = tasks()["N02_retro_actions"]
     gold = json.loads((SCRIPTS / "gold.json").read_text())["N02_retro_actions"]

@@ -15,8 +15,6 @@ from orchard.claw.task import PORT
 from orchard.eval.attempt import attempt
 from orchard.tasks.loading import load_tasks
 
-pytestmark = pytest.mark.docker
-
 EXAMPLES = Path(__file__).parents[2] / "examples" / "claw" / "tasks.json"
 TASKS = load_tasks(EXAMPLES)
 IDS = [t.instance_id for t in TASKS]

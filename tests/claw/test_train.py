@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import yaml
 from sqlmodel import select
 from typer.testing import CliRunner
@@ -16,7 +15,6 @@ from typer.testing import CliRunner
 from orchard.cli import app
 from orchard.store import RunRecord, StepRecord, TrajectoryRecord, session
 
-pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 

@@ -227,17 +227,14 @@ def poisoned_image(docker_client, base_image: str) -> Iterator[str]:
         docker_client.images.remove(image.id, force=True)
 
 
-@pytest.mark.docker
 def test_agent_in_base_image(docker_client, base_image: str, bundle: Bundle) -> None:
     _assert_runs_agent(docker_client, base_image, bundle)
 
 
-@pytest.mark.docker
 def test_agent_in_busybox_without_python_or_libc(docker_client, busybox_image: str, bundle: Bundle) -> None:
     _assert_runs_agent(docker_client, busybox_image, bundle)
 
 
-@pytest.mark.docker
 def test_agent_ignores_the_images_python(docker_client, poisoned_image: str, bundle: Bundle) -> None:
     check = "python3 -c pass; echo $?; python3.11 -c 'import json' 2>&1 | tail -n 1"
     out = docker_client.containers.run(poisoned_image, ["sh", "-c", check], remove=True)
@@ -245,7 +242,6 @@ def test_agent_ignores_the_images_python(docker_client, poisoned_image: str, bun
     _assert_runs_agent(docker_client, poisoned_image, bundle)
 
 
-@pytest.mark.docker
 def test_interpreter_starts_silently_in_busybox(docker_client, busybox_image: str, bundle: Bundle) -> None:
     code = "import sys, json; print(sys.flags.utf8_mode, json.dumps('é'))"
     out = docker_client.containers.run(

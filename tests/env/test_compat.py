@@ -38,8 +38,6 @@ from websockets.sync.client import ClientConnection, connect
 
 from orchard.env.service import host_memory
 
-pytestmark = pytest.mark.docker
-
 CREATE_KEYS = {"sandbox_id", "namespace", "image", "block_network", "cpu", "memory", "timeout", "status"}
 """The keys of the published create answer (ours may add more)."""
 SANDBOX_KEYS = {

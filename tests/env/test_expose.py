@@ -167,7 +167,6 @@ def wait_for(condition: Callable[[], bool], seconds: float = 10) -> bool:
 # -- a real sandbox ------------------------------------------------------------------------
 
 
-@pytest.mark.docker
 def test_a_request_from_inside_reaches_the_hosts_server(box, host_server, exposed):
     got = python(box, GET.format(port=PORT, path="/x?y=1"))
     assert got.ok, got.stderr
@@ -175,7 +174,6 @@ def test_a_request_from_inside_reaches_the_hosts_server(box, host_server, expose
     assert exposed.carried == 1 and wait_for(lambda: exposed.active == 0)
 
 
-@pytest.mark.docker
 def test_a_streamed_answer_arrives_piece_by_piece(box, host_server, exposed):
     """The sandbox reads the first piece before the server sends the last: the server sends the
     rest only once the sandbox, having read the first, asks /release (through the same port)."""
@@ -196,7 +194,6 @@ print("rest", answer.read().decode().split(), flush=True)
     assert got.stdout == "first data: 1\nrest ['data:', '2', 'data:', '3', 'data:', '[DONE]']\n"
 
 
-@pytest.mark.docker
 def test_eight_requests_at_once_are_all_answered_side_by_side(box, host_server, exposed):
     host_server.peak = 0
     got = python(
@@ -214,7 +211,6 @@ with concurrent.futures.ThreadPoolExecutor(8) as pool:
     assert host_server.peak >= 4  # carried at once, not one after the other
 
 
-@pytest.mark.docker
 def test_a_half_close_is_passed_on_both_ways(box):
     """A client that shuts its sending side still gets the answer of a server that reads to EOF."""
     listener = socket.create_server(("127.0.0.1", 0))
@@ -257,7 +253,6 @@ def bridge_address(docker_client) -> str:
     return shown.stdout.split(" inet ")[1].split("/")[0]
 
 
-@pytest.mark.docker
 def test_the_network_stays_blocked_and_only_the_target_is_reached(box, host_server, exposed, docker_client):
     """With the port exposed, the sandbox still has loopback only: this host's server, on every
     address of this host, is out of its reach but for the one exposed port."""
@@ -278,7 +273,6 @@ def test_the_network_stays_blocked_and_only_the_target_is_reached(box, host_serv
         everywhere.server_close()
 
 
-@pytest.mark.docker
 def test_close_refuses_new_connections_and_deleting_the_sandbox_closes(client, base_image, box, host_server):
     exposure = box.expose(PORT + 2, ("127.0.0.1", host_server.port))
     with pytest.raises(Conflict, match="exposed already"):
@@ -294,7 +288,6 @@ def test_close_refuses_new_connections_and_deleting_the_sandbox_closes(client, b
     assert wait_for(lambda: not expose_threads())
 
 
-@pytest.mark.docker
 def test_a_port_held_in_the_sandbox_is_a_conflict(box, host_server):
     box.exec("nohup python3 -m http.server 9100 --bind 127.0.0.1 >/dev/null 2>&1 &")
     assert wait_for(lambda: box.exec("python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 9100))'").ok)
@@ -306,7 +299,6 @@ def test_a_port_held_in_the_sandbox_is_a_conflict(box, host_server):
         box.expose(0, ("127.0.0.1", host_server.port))
 
 
-@pytest.mark.docker
 def test_the_async_sandbox_exposes_too(client, box, host_server):
     from orchard.env.client import AsyncSandbox
 
@@ -325,7 +317,6 @@ def test_the_async_sandbox_exposes_too(client, box, host_server):
     assert asyncio.run(run()).closed
 
 
-@pytest.mark.docker
 def test_under_gvisor_too(runsc, base_image, host_server, tmp_path):
     """gVisor's own network stack listens, hands over and refuses as Linux does."""
     store = Store.open(f"sqlite:///{tmp_path}/orchard.db")

@@ -15,8 +15,6 @@ import pytest
 
 from orchard.errors import AgentError, ConfigError, EngineUnavailable, SandboxError
 
-pytestmark = pytest.mark.docker
-
 
 def test_memory_hog_is_killed_and_reported_as_such(client, base_image):
     with client.create(base_image, memory="64Mi") as box:

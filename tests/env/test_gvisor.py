@@ -15,8 +15,6 @@ from orchard.env.backends import DockerConfig
 from orchard.errors import ConfigError
 from orchard.store import Store
 
-pytestmark = pytest.mark.docker
-
 
 @pytest.fixture(scope="module")
 def gvisor(runsc, base_image, tmp_path_factory):

@@ -230,7 +230,6 @@ def assert_one_clear_line(error: BaseException) -> None:
     assert "\n" not in str(error) and 10 < len(str(error)) < 400
 
 
-@pytest.mark.docker
 @pytest.mark.parametrize("kind", ["long_path", "dotdot", "absolute", "symlink"])
 def test_download_from_a_hijacked_agent_writes_only_inside_its_target(box, docker_client, tmp_path, kind):
     canary = tmp_path.parent / f"canary-{tmp_path.name}"
@@ -246,7 +245,6 @@ def test_download_from_a_hijacked_agent_writes_only_inside_its_target(box, docke
     assert list(tmp_path.iterdir()) == []  # no target, no staging folder, no parent folder left
 
 
-@pytest.mark.docker
 def test_hardlink_from_a_hijacked_agent_is_skipped_and_its_victim_untouched(box, docker_client, tmp_path):
     canary = tmp_path.parent / f"canary-{tmp_path.name}"
     canary.mkdir()
@@ -262,7 +260,6 @@ def test_hardlink_from_a_hijacked_agent_is_skipped_and_its_victim_untouched(box,
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["here"]
 
 
-@pytest.mark.docker
 def test_exec_answer_flood_from_a_hijacked_agent_is_cut_at_the_limit(box, docker_client):
     hijack(box, docker_client, "flood", str(3 * GiB // 2))
     with pytest.raises(TooLarge) as caught:
@@ -274,7 +271,6 @@ def test_exec_answer_flood_from_a_hijacked_agent_is_cut_at_the_limit(box, docker
     assert box.exec("echo back").stdout == "back\n"
 
 
-@pytest.mark.docker
 def test_read_file_of_a_huge_sparse_file_is_refused_without_reading_it(box):
     box.exec("truncate -s 2G /tmp/huge")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -288,7 +284,6 @@ def test_read_file_of_a_huge_sparse_file_is_refused_without_reading_it(box):
     box.exec("rm /tmp/huge")
 
 
-@pytest.mark.docker
 def test_download_keeps_files_and_folders_and_skips_links(box, tmp_path):
     box.exec(
         "mkdir -p /tmp/tree/sub && echo a > /tmp/tree/sub/a && chmod 4755 /tmp/tree/sub/a && ln -s /etc /tmp/tree/etc"

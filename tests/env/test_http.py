@@ -133,7 +133,6 @@ def seen(answer: HttpAnswer) -> dict:
 # -- straight to the agent -----------------------------------------------------------------
 
 
-@pytest.mark.docker
 def test_get_and_post_with_json_round_trip(box):
     got = box.http("/notes/list?folder=inbox", port=PORT, method="GET")
     echo = seen(got)
@@ -159,7 +158,6 @@ def test_get_and_post_with_json_round_trip(box):
         box.http("/x", port=PORT, json={}, body=b"")
 
 
-@pytest.mark.docker
 def test_statuses_pass_through_as_answers(box):
     for status in (404, 500, 201):
         answer = box.http(f"/status/{status}", port=PORT, method="GET")
@@ -168,13 +166,11 @@ def test_statuses_pass_through_as_answers(box):
     assert (head.status, head.body, head.headers["content-length"]) == (404, b"", "21")
 
 
-@pytest.mark.docker
 def test_nothing_listening_is_a_clear_error(box):
     with pytest.raises(AgentError, match=r"^HTTP 502: nothing listens on 127\.0\.0\.1:9 in the sandbox$"):
         box.http("/", port=9)
 
 
-@pytest.mark.docker
 def test_max_bytes_truncates_whatever_the_framing(box):
     answer = box.http("/bytes/5000", port=PORT, method="GET", max_bytes=1000)
     assert (answer.body, answer.truncated) == (b"x" * 1000, True)
@@ -188,7 +184,6 @@ def test_max_bytes_truncates_whatever_the_framing(box):
         box.http("/", port=PORT, max_bytes=(16 << 20) + 1)
 
 
-@pytest.mark.docker
 def test_chunked_unframed_and_interim_answers_are_read_whole(box):
     assert box.http("/chunked", port=RAW_PORT, method="GET").body == b"hello world"
     unframed = box.http("/unframed", port=RAW_PORT, method="GET")
@@ -197,7 +192,6 @@ def test_chunked_unframed_and_interim_answers_are_read_whole(box):
     assert (interim.status, interim.body) == (200, b"ok")
 
 
-@pytest.mark.docker
 def test_a_service_that_is_not_http_cut_short_or_silent_is_an_agent_error(box):
     with pytest.raises(AgentError, match=r"127\.0\.0\.1:8081 in the sandbox answered something that is not HTTP"):
         box.http("/garbage", port=RAW_PORT, method="GET")
@@ -215,7 +209,6 @@ def raw_http(box, **fields) -> dict:
     return send(box._http, Call("POST", "/http", lambda r: r.json(), json=body))
 
 
-@pytest.mark.docker
 @pytest.mark.parametrize(
     ("fields", "refusal"),
     [
@@ -252,7 +245,6 @@ def test_the_agent_refuses_requests_that_could_leave_its_loopback(box, fields, r
         raw_http(box, **fields)
 
 
-@pytest.mark.docker
 def test_only_the_sandboxs_loopback_is_reached(box):
     with pytest.raises(InvalidRequest, match="path must start with /"):
         box.http("http://1.2.3.4/", port=PORT)
@@ -263,7 +255,6 @@ def test_only_the_sandboxs_loopback_is_reached(box):
     assert echo["path"].endswith("1.2.3.4/x")
 
 
-@pytest.mark.docker
 def test_the_async_sandbox_calls_the_same_service(client, box):
     endpoint = client._manager.get(box.id).endpoint
 
@@ -286,7 +277,6 @@ def test_the_async_sandbox_calls_the_same_service(client, box):
 # -- through `orchard up` ------------------------------------------------------------------
 
 
-@pytest.mark.docker
 def test_through_the_service(service, base_image):
     url, key = service
     with Client(url=url, api_key=key) as remote, remote.create(base_image) as box:

@@ -30,7 +30,6 @@ def _forbid_building(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(images, name, fail)
 
 
-@pytest.mark.docker
 def test_base_image_has_python_pytest_git_bash(docker_client, base_image: str) -> None:
     out = _sh(
         docker_client, base_image, "python3 --version; python3 -m pytest --version; git --version; bash -c 'echo $BASH'"
@@ -40,7 +39,6 @@ def test_base_image_has_python_pytest_git_bash(docker_client, base_image: str) -
     assert "/bin/bash" in out or "/usr/bin/bash" in out
 
 
-@pytest.mark.docker
 def test_base_image_config(docker_client, base_image: str) -> None:
     config = docker_client.images.get(base_image).attrs["Config"]
     assert config["Cmd"] == ["/bin/bash"]
@@ -48,7 +46,6 @@ def test_base_image_config(docker_client, base_image: str) -> None:
     assert config["Labels"]["org.orchard.built-by"] == "orchard"
 
 
-@pytest.mark.docker
 def test_base_image_labels_its_release_python_and_glibc(docker_client, base_image: str) -> None:
     """Task images pick wheels by these, so they must be what the image really runs."""
     labels = docker_client.images.get(base_image).labels
@@ -76,14 +73,12 @@ def test_an_unknown_release_is_refused() -> None:
         images.build_base(release="buster")
 
 
-@pytest.mark.docker
 def test_busybox_image_has_no_python_and_no_libc(docker_client, busybox_image: str) -> None:
     script = "ls -d /lib* /usr/lib* 2>/dev/null; which python3 || echo no-python; echo ok"
     assert _sh(docker_client, busybox_image, script) == "no-python\nok\n"
     assert _sh(docker_client, busybox_image, "test -d /tmp -a -d /root && whoami") == "root\n"
 
 
-@pytest.mark.docker
 def test_second_build_is_a_cache_hit(
     docker_client, base_image: str, busybox_image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,7 +90,6 @@ def test_second_build_is_a_cache_hit(
     assert {tag: docker_client.images.get(tag).id for tag in ids} == ids
 
 
-@pytest.mark.docker
 def test_rebuild_without_root_says_what_to_do(docker_client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORCHARD_CACHE_DIR", str(tmp_path))  # no finished root filesystem
     monkeypatch.setattr(images.os, "geteuid", lambda: 1000)
@@ -160,7 +154,6 @@ def _agent_answering(url: str, token: str, deadline_s: float = 30.0) -> dict:
             time.sleep(0.2)
 
 
-@pytest.mark.docker
 def test_agent_image_injects_the_agent_into_an_image_without_python(docker_client, busybox_image: str) -> None:
     """As a Pod does: the injector copies the bundle into a volume, and a container of an image
     with no Python and no libc starts the agent from that volume (read-only) over TCP."""
@@ -206,7 +199,6 @@ def test_agent_image_injects_the_agent_into_an_image_without_python(docker_clien
         volume.remove(force=True)
 
 
-@pytest.mark.docker
 def test_agent_image_is_rebuilt_only_for_another_bundle(
     docker_client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -222,7 +214,6 @@ def test_agent_image_is_rebuilt_only_for_another_bundle(
         images.build_agent(force=True)
 
 
-@pytest.mark.docker
 def test_image_build_agent_command(docker_client) -> None:
     from typer.testing import CliRunner
 

@@ -31,8 +31,6 @@ from orchard.env.backends.docker import LOOPBACK_HOSTS
 from orchard.errors import NotFound, SandboxError
 from orchard.store import Store
 
-pytestmark = pytest.mark.docker
-
 
 def _run_dir(client, box) -> Path:
     return client._manager.backend._run_dir(box.id)

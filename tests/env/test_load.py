@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 from sqlmodel import func, select
 
 from orchard import store
 from orchard.env import Client
 from orchard.store import Store
-
-pytestmark = pytest.mark.docker
 
 SANDBOXES, COMMANDS = 100, 20
 

@@ -200,7 +200,6 @@ def test_the_pattern_and_bound_given_to_pydantic_agree_with_is_sandbox_id():
             field.validate_python(sandbox_id)
 
 
-@pytest.mark.docker
 def test_a_dotted_id_of_the_longest_length_runs_end_to_end(client, base_image, docker_client):
     """A container may be named `orchard-<id>` with dots in it; the run folder is the id itself."""
     sandbox_id = "orchard.test-" + "d" * 45 + ".v2.x"

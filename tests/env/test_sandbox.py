@@ -18,8 +18,6 @@ from orchard import store
 from orchard.errors import Conflict, InvalidRequest, NotFound, SandboxError
 from orchard.store import Store
 
-pytestmark = pytest.mark.docker
-
 
 @pytest.fixture(scope="module")
 def box(client, base_image):

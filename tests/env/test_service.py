@@ -13,8 +13,6 @@ from orchard.env import Client
 from orchard.env.service import host_memory
 from orchard.errors import AuthError, Conflict, InvalidRequest, SandboxError
 
-pytestmark = pytest.mark.docker
-
 
 @pytest.fixture(scope="module")
 def http(service):

@@ -25,8 +25,6 @@ from typer.testing import CliRunner
 
 from orchard.cli import app
 
-pytestmark = pytest.mark.docker
-
 runner = CliRunner()
 MiB = 2**20
 SMALL_RSS = 300 * MiB

@@ -20,8 +20,6 @@ from orchard.env import Client
 from orchard.env.pty import init_frame
 from orchard.errors import InvalidRequest, NotFound
 
-pytestmark = pytest.mark.docker
-
 
 @pytest.fixture(scope="module")
 def box(client, base_image):

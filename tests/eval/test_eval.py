@@ -15,7 +15,6 @@ from orchard.cli import app
 from orchard.store import ResultRecord, RunRecord, Store, TrajectoryRecord, session
 from orchard.tasks import load_tasks
 
-pytestmark = pytest.mark.docker
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "tasks" / "tasks.jsonl"

@@ -10,8 +10,6 @@ from orchard.agents.loop import Limits, run_episode
 from orchard.agents.models import ModelError, ScriptedModel
 from orchard.tasks.grading import grade_in, grade_patch
 
-pytestmark = pytest.mark.docker
-
 
 @pytest.fixture(scope="module")
 def example(example_task):

@@ -124,7 +124,6 @@ def grade(record: ResultRecord) -> dict:
     return json.loads(record.grade)
 
 
-@pytest.mark.docker
 def test_crafted_predictions_no_longer_grade_as_resolved(orchard_home, base_image, example_repos, tasks, tmp_path):
     """Slow: each crafted prediction is graded in a fresh sandbox of its own."""
     textkit1, textkit2 = tasks["orchard-examples__textkit-1"], tasks["orchard-examples__textkit-2"]
@@ -201,7 +200,6 @@ def test_crafted_predictions_no_longer_grade_as_resolved(orchard_home, base_imag
     assert "## Suspicious attempts" in report and "orchard-examples__timecalc-3" in report
 
 
-@pytest.mark.docker
 def test_a_scripted_agent_cannot_forge_its_grade(orchard_home, base_image, example_repos, tmp_path):
     fake_git = '#!/bin/sh\ncase "$*" in *diff*) cat /tmp/crafted.patch; exit 0;; esac\nexec /usr/bin/git "$@"\n'
     steps = {
@@ -372,7 +370,6 @@ def config_patch(prefix: str, header: str) -> str:
     return "".join(f"{prefix}{line}\n" for line in [*header.splitlines(), *hunk, f'+\tfsmonitor = "{hook}; echo"'])
 
 
-@pytest.mark.docker
 def test_patches_that_slip_past_the_reader_do_not_forge_a_grade(
     orchard_home, base_image, example_repos, tasks, tmp_path
 ):
@@ -434,7 +431,6 @@ def test_patches_that_slip_past_the_reader_do_not_forge_a_grade(
     assert outcomes["timecalc-2"][0] == "resolved", outcomes
 
 
-@pytest.mark.docker
 def test_a_run_that_passes_in_the_report_but_exits_non_zero_is_not_resolved(client, example_task, example_repos):
     from orchard.tasks.grading import grade_patch
 
@@ -452,7 +448,6 @@ def test_a_run_that_passes_in_the_report_but_exits_non_zero_is_not_resolved(clie
     assert "the test report and the runner's exit status disagree" in grade.suspicious
 
 
-@pytest.mark.docker
 def test_tests_run_on_a_network_that_drops_packets(client, example_task, example_repos):
     """A test expecting a connection out to time out (as requests' `TestTimeout` does) passes where
     the grader runs it: no network, and connections out time out rather than fail at once."""
@@ -474,7 +469,6 @@ def test_tests_run_on_a_network_that_drops_packets(client, example_task, example
     assert grade.outcome == "resolved", (grade.error, grade.pass_to_pass)
 
 
-@pytest.mark.docker
 def test_a_link_moved_out_of_the_tree_by_a_rename_is_refused(client, example_task):
     from orchard.tasks.grading import grade_in
 
@@ -487,7 +481,6 @@ def test_a_link_moved_out_of_the_tree_by_a_rename_is_refused(client, example_tas
     assert grade.outcome == "patch_failed" and "l a link out of the working tree (../README.md)" in grade.error
 
 
-@pytest.mark.docker
 def test_the_reset_never_reaches_through_a_link(client, example_task):
     from orchard.tasks.grading import grade_in
 

@@ -85,7 +85,6 @@ def recorded() -> tuple[list[RunRecord], dict[str, ResultRecord]]:
         return list(db.exec(select(RunRecord))), {r.instance_id: r for r in db.exec(select(ResultRecord))}
 
 
-@pytest.mark.docker
 def test_each_attempt_leaves_its_files_with_the_whole_log_and_runs_show_lists_them(
     orchard_home, base_image, example_repos, tmp_path
 ):
@@ -195,7 +194,6 @@ def test_the_run_id_covers_the_tasks_the_model_and_every_setting_that_changes_re
     assert run_id(models=None, predictions="gold", ids=[TEXTKIT_1]) != gold
 
 
-@pytest.mark.docker
 def test_rerun_starts_the_run_afresh(orchard_home, base_image, example_repos):
     args = ("--tasks", str(TASKS), "--ids", TEXTKIT_1, "--predictions", "gold", "--repos", str(example_repos))
     eval_(*args)
@@ -214,7 +212,6 @@ def test_rerun_starts_the_run_afresh(orchard_home, base_image, example_repos):
     assert second[TEXTKIT_1].created_at > first[TEXTKIT_1].created_at and second[TEXTKIT_1].resolved
 
 
-@pytest.mark.docker
 def test_resume_retries_what_the_machine_failed_and_keeps_every_verdict(
     orchard_home, base_image, example_repos, example_task, docker_client, tmp_path
 ):
@@ -296,7 +293,6 @@ def test_a_result_replaces_every_other_trajectory_of_its_attempt(tmp_path):
     assert kept() == (["other-run", "retried", "sample-1"],) * 2
 
 
-@pytest.mark.docker
 def test_resume_tries_a_machine_fault_twice_more_and_a_task_fault_never(client, example_task, example_repos, tmp_path):
     """A fault of the task (here, a solver that fails the same way every time) is no reason to try
     again; the machine's is, but not for ever: after `MAX_RETRIES` its error stands."""
@@ -425,7 +421,6 @@ class Submits:
         return Reply(content="```bash\nsubmit\n```")
 
 
-@pytest.mark.docker
 def test_the_models_own_endings_are_its_outcome_and_only_the_machines_are_errors(
     client, example_task, example_repos, docker_client, tmp_path
 ):
@@ -543,7 +538,6 @@ def hanging_server() -> Iterator[StubServer]:
         yield server
 
 
-@pytest.mark.docker
 def test_ctrl_c_stops_a_run_waiting_on_a_hung_model_server_and_keeps_what_finished(
     orchard_home, base_image, example_repos, docker_client, hanging_server, tmp_path
 ):
@@ -594,7 +588,6 @@ def test_ctrl_c_stops_a_run_waiting_on_a_hung_model_server_and_keeps_what_finish
     assert [c["Names"] for c in managed if f":{process.pid}:" in c["Labels"].get("org.orchard.owner", "")] == []
 
 
-@pytest.mark.docker
 def test_a_model_server_that_goes_away_stops_the_run_with_one_line(orchard_home, base_image, example_repos):
     ids = [f"orchard-examples__textkit-{n}" for n in (1, 2, 3, 4)]
     with StubServer(gone=True) as server:

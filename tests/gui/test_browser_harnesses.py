@@ -119,7 +119,6 @@ def episode(box, harness, steps: list[Step]):
     return run_episode(task, harness, ScriptedSession(steps, harness), box, model_name="scripted")
 
 
-@pytest.mark.docker
 def test_the_grid_maps_onto_the_viewport_and_each_action_says_what_it_did(page_box):
     harness = ComputerHarness()
     steps = [
@@ -159,7 +158,6 @@ def test_the_grid_maps_onto_the_viewport_and_each_action_says_what_it_did(page_b
     assert len(screenshots) == 5  # the opening page and one after each turn that acted
 
 
-@pytest.mark.docker
 def test_the_bid_harness_shows_the_page_as_text_with_ids_and_acts_on_them(page_box):
     harness = BidHarness()
     steps = [

@@ -135,7 +135,6 @@ OFF_THE_SITE = [
 ]
 
 
-@pytest.mark.docker
 @pytest.mark.parametrize("harness", HARNESSES)
 @pytest.mark.parametrize("url", OFF_THE_SITE)
 def test_the_agent_is_refused_every_url_off_the_tasks_site(on_the_shop, harness, url):
@@ -145,7 +144,6 @@ def test_the_agent_is_refused_every_url_off_the_tasks_site(on_the_shop, harness,
     assert browser.url == SITE + "/"
 
 
-@pytest.mark.docker
 @pytest.mark.parametrize(
     ("url", "lands"),
     [
@@ -164,7 +162,6 @@ def test_relative_and_encoded_urls_resolve_on_the_site(on_the_shop, url, lands):
     assert browser.evaluate("location.origin") == SITE
 
 
-@pytest.mark.docker
 def test_the_sites_own_routes_answer_the_browser_403_and_its_token_is_out_of_reach(on_the_shop):
     browser = session_of(on_the_shop).browser
     for path in ("/_orchard/log", "/_orchard/state", "/%5Forchard/log", "/_orchard//health"):
@@ -183,7 +180,6 @@ def test_the_sites_own_routes_answer_the_browser_403_and_its_token_is_out_of_rea
     assert found.stdout == "" and on_the_shop.exec("test -e /opt/orchard-gui/token").exit_code == 1
 
 
-@pytest.mark.docker
 def test_a_url_over_the_browsers_bound_is_refused_to_the_model(on_the_shop):
     """Were the browser's InvalidRequest let out of `execute`, the loop would abort the episode,
     which `played` counts the machine's fault: no verdict, and a resumed run tries again (a model
@@ -192,7 +188,6 @@ def test_a_url_over_the_browsers_bound_is_refused_to_the_model(on_the_shop):
     assert said == "Error: a URL is a string of 1 to 8192 characters"
 
 
-@pytest.mark.docker
 def test_a_tab_past_the_bound_is_refused_to_the_model(on_the_shop):
     """Likewise for the twenty-first tab: told, not an aborted episode."""
     harness = ComputerHarness()
@@ -201,7 +196,6 @@ def test_a_tab_past_the_bound_is_refused_to_the_model(on_the_shop):
     assert said[-1] == f"Error: a browser has at most {MAX_TABS} tabs: close one first"
 
 
-@pytest.mark.docker
 def test_a_relative_url_opens_from_a_new_tab(on_the_shop):
     harness = BidHarness()
     act(harness, on_the_shop, "new_tab")
@@ -334,7 +328,6 @@ def bounded(episode: Episode, took: float, seconds: float) -> None:
     assert len(longest) <= MOST_TEXT, f"a text of {len(longest)} characters: {longest[:200]!r}"
 
 
-@pytest.mark.docker
 @pytest.mark.parametrize(
     ("name", "harness"),
     [
@@ -358,7 +351,6 @@ def test_a_hostile_page_keeps_every_step_bounded(pages_box, name, harness):
     assert json.loads(episode.submission)["url"].endswith(f"{name}.html")
 
 
-@pytest.mark.docker
 @pytest.mark.parametrize("name", ["alerts", "busy"])
 def test_a_page_that_never_yields_aborts_the_episode_in_time_and_the_browser_goes_on(pages_box, name):
     """An endless alert loop (each dialog accepted, the next one opening) or an endless script
@@ -376,7 +368,6 @@ def test_a_page_that_never_yields_aborts_the_episode_in_time_and_the_browser_goe
         assert browser.goto(f"file://{FOLDER}/index.html") and browser.title == "Index"
 
 
-@pytest.mark.docker
 def test_beforeunload_does_not_keep_the_agent_on_a_page(pages_box):
     """The page asks to stay when left after a change; the dialog is accepted, and the agent's
     `goto` goes."""
@@ -396,7 +387,6 @@ def test_beforeunload_does_not_keep_the_agent_on_a_page(pages_box):
     assert json.loads(episode.submission)["url"] == f"file://{FOLDER}/index.html"
 
 
-@pytest.mark.docker
 def test_a_page_that_never_finishes_loading_costs_a_bounded_wait(pages_box):
     """Slow: the bound it checks is the browser's own load timeout (20 s), waited out for real."""
     task = AttackPages(instance_id="attack/stall", pages={"index.html": "<title>Index</title>"}, http=True)
@@ -407,7 +397,6 @@ def test_a_page_that_never_finishes_loading_costs_a_bounded_wait(pages_box):
     assert f"opened {ORIGIN}/stall" in texts(episode)  # the goto's feedback, once its load timed out
 
 
-@pytest.mark.docker
 def test_an_outline_with_a_huge_label_is_clipped(pages_box):
     """A 5 MiB label and options of a megabyte: the outline's element lines are the host's, written
     from the checked `Element` (its name and options clipped in the page), so the bid view stays
@@ -442,7 +431,6 @@ def folder_task(pages_box) -> Iterator[AttackPages]:
     task.conclude(pages_box, [], [])
 
 
-@pytest.mark.docker
 @pytest.mark.parametrize(
     "url",
     [
@@ -459,7 +447,6 @@ def test_a_file_task_keeps_the_agent_in_its_folder(pages_box, folder_task, url):
     assert session_of(pages_box).browser.title == "Inner"
 
 
-@pytest.mark.docker
 @pytest.mark.parametrize(
     "url",
     [
@@ -473,7 +460,6 @@ def test_an_encoded_climb_does_not_leave_the_folder(pages_box, folder_task, url)
     assert said.startswith("Error:") and session_of(pages_box).browser.title == "Inner", said
 
 
-@pytest.mark.docker
 def test_a_popup_off_the_task_is_not_the_agents_to_work(pages_box, folder_task):
     harness = ComputerHarness()
     browser = session_of(pages_box).browser
@@ -664,7 +650,6 @@ def answering(box: Sandbox, mode: str) -> None:
     box.write_file("/tmp/mode", mode)
 
 
-@pytest.mark.docker
 @pytest.mark.parametrize(
     ("mode", "says"),
     [("huge", "the screenshot is 100000x100000, not the 1280x1000 viewport"), ("jpeg", "the screenshot is not a PNG")],
@@ -675,7 +660,6 @@ def test_a_screenshot_the_host_cannot_size_is_refused(fake_chromium, fake_browse
         fake_browser.screenshot()
 
 
-@pytest.mark.docker
 def test_a_capture_left_unanswered_is_asked_once_more_and_then_is_the_browsers_timeout(
     fake_chromium, fake_browser, monkeypatch
 ):
@@ -704,7 +688,6 @@ def bomb_png(width: int, height: int) -> bytes:
     )
 
 
-@pytest.mark.docker
 def test_a_deflate_bomb_of_the_viewports_size_decodes_only_what_the_size_needs(fake_chromium, fake_browser, tmp_path):
     """The host checks a screenshot's signature and size, never its pixels: a bomb that claims the
     viewport's size passes, and every decoder of the host (the TUI's picture, the vision model's
@@ -721,7 +704,6 @@ def test_a_deflate_bomb_of_the_viewports_size_decodes_only_what_the_size_needs(f
     assert time.monotonic() - started < 5
 
 
-@pytest.mark.docker
 def test_a_screenshot_that_does_not_decode_is_named_not_drawn(fake_chromium, fake_browser, tmp_path):
     from orchard.agents.vision import png_image
 
@@ -733,7 +715,6 @@ def test_a_screenshot_that_does_not_decode_is_named_not_drawn(fake_chromium, fak
         png_image(png)
 
 
-@pytest.mark.docker
 @pytest.mark.parametrize(
     ("mode", "says"),
     [
@@ -755,7 +736,6 @@ def test_an_element_list_of_the_wrong_shape_is_refused(fake_chromium, fake_brows
     assert fake_browser.elements() == []  # a refused answer leaves the connection as it was
 
 
-@pytest.mark.docker
 def test_a_value_nested_too_deep_ends_the_connection_with_its_reason(fake_chromium, fake_browser):
     answering(fake_chromium, "deep")
     with pytest.raises(BrowserError, match="not JSON"):
@@ -766,7 +746,6 @@ def test_a_value_nested_too_deep_ends_the_connection_with_its_reason(fake_chromi
     assert time.monotonic() - started < 1
 
 
-@pytest.mark.docker
 def test_an_unserializable_value_past_its_bound_is_none(fake_browser):
     assert fake_browser.evaluate("big-int") is None
 
@@ -799,7 +778,6 @@ def fake_session(fake_chromium) -> Iterator[Sandbox]:
     task.conclude(fake_chromium, [], [])
 
 
-@pytest.mark.docker
 def test_an_outline_of_the_wrong_type_or_size_is_clipped_or_refused(fake_session):
     harness = BidHarness()
     answering(fake_session, "outline-object")
@@ -814,7 +792,6 @@ def test_an_outline_of_the_wrong_type_or_size_is_clipped_or_refused(fake_session
     assert harness.view(fake_session)[0]["text"].startswith(f"URL: {SITE}/")
 
 
-@pytest.mark.docker
 def test_a_title_and_url_of_any_length_are_clipped(fake_session):
     """A real Chromium clips a title to 4096 characters itself; the host does not count on it."""
     answering(fake_session, "long-title")
@@ -824,7 +801,6 @@ def test_a_title_and_url_of_any_length_are_clipped(fake_session):
         assert len(view) < 8192 + 400 and "T" * 41 not in view, view[:500]  # the URL line, the tabs
 
 
-@pytest.mark.docker
 def test_a_flood_of_tabs_is_cut_to_the_bound_in_bounded_time(fake_chromium, fake_browser):
     answering(fake_chromium, "targets-flood")  # 5000 pages of this context, which nothing closes
     started = time.monotonic()

@@ -215,7 +215,6 @@ def test_the_wheel_is_fetched_once_and_checked(tmp_path, monkeypatch):
 # -- in sandboxes --------------------------------------------------------------------------------
 
 
-@pytest.mark.docker
 def test_the_image_holds_the_pages_and_is_reused(client, image):
     assert image == IMAGE
     started = time.monotonic()
@@ -225,7 +224,6 @@ def test_the_image_holds_the_pages_and_is_reused(client, image):
         assert listed.stdout.split() == ["130", "common", "core", "miniwob", "core"], listed.stdout
 
 
-@pytest.mark.docker
 @pytest.mark.parametrize("harness", HARNESSES)
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_the_solution_earns_the_reward_and_the_wrong_script_none(client, image, name, harness):
@@ -238,7 +236,6 @@ def test_the_solution_earns_the_reward_and_the_wrong_script_none(client, image, 
     assert not wrong.resolved and wrong.score == 0.0 and wrong.outcome in ("failed", "not_done"), wrong.checks
 
 
-@pytest.mark.docker
 def test_checkboxes_of_several_seeds(client, image):
     """Two to six boxes, some to tick: the script works each drawing of the page."""
     for seed in (2, 3, 5):
@@ -246,7 +243,6 @@ def test_checkboxes_of_several_seeds(client, image):
         assert grade.resolved and grade.score == 1.0, (seed, grade.checks)
 
 
-@pytest.mark.docker
 def test_the_seed_fixes_the_problem_and_the_limit_is_raised(client, image):
     utterances = []
     for seed in (0, 0, 1):
@@ -261,7 +257,6 @@ def test_the_seed_fixes_the_problem_and_the_limit_is_raised(client, image):
     assert utterances[0].startswith("Enter the password")
 
 
-@pytest.mark.docker
 def test_the_page_runs_one_episode_and_its_timer_ends_it(client, image):
     """The START cover that comes back when the episode ends starts no other (an agent would roll
     the page again until it drew a problem it could solve); the page's own timer ends an episode
@@ -290,7 +285,6 @@ def test_the_page_runs_one_episode_and_its_timer_ends_it(client, image):
     assert grade.outcome == "timeout" and grade.checks["reason"] == "timed out" and grade.checks["raw_reward"] == -1
 
 
-@pytest.mark.docker
 def test_a_reloaded_page_is_not_the_tasks_episode(client, image):
     one = task("focus-text")
     with task_sandbox(client, one, image) as box:
@@ -307,7 +301,6 @@ def test_a_reloaded_page_is_not_the_tasks_episode(client, image):
     assert grade.outcome == "not_done" and "reloaded" in grade.checks["why"]
 
 
-@pytest.mark.docker
 def test_the_episode_is_read_from_its_own_tab(client, image):
     one = task("focus-text")
     with task_sandbox(client, one, image) as box:
@@ -321,7 +314,6 @@ def test_the_episode_is_read_from_its_own_tab(client, image):
     assert grade.resolved, grade.checks
 
 
-@pytest.mark.docker
 def test_orchard_eval_runs_miniwob_pages(orchard_home, image):
     """Slow: MiniWoB++ episodes in real Chromium sandboxes through the CLI."""
     names = "click-button,enter-text,click-checkboxes"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from sqlmodel import select
 from typer.testing import CliRunner
 
@@ -17,7 +16,6 @@ from orchard.cli import app
 from orchard.gui.task import JUDGE_ENV
 from orchard.store import ResultRecord, session
 
-pytestmark = pytest.mark.docker
 OPEN = Path(__file__).resolve().parents[2] / "examples" / "gui" / "open-tasks.json"
 FACTS = {"Lighting": "Book Light", "week 12": "Sofia Lind", "Friday 13 March": "20:30"}
 """A fact that only a right answer to each open task holds."""

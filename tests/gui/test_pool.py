@@ -24,7 +24,6 @@ from orchard.gui.browser import Browser, start_command
 from orchard.store import Store
 from orchard.tasks.base import TaskBase, sandbox_args, task_sandbox
 
-pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "gui" / "tasks.json"
 PAGE = "data:text/html,<title>Pool</title><h1 style='font: 40px sans-serif'>A page</h1>"

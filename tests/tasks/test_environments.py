@@ -518,7 +518,6 @@ def test_the_image_tag_is_what_the_image_is_made_of(mirror) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.docker
 def test_the_checkout_holds_nothing_newer_than_base_commit(docker_client, base_image, tmp_path: Path) -> None:
     """The mirror has a commit after base_commit, a branch and tags at it, a tag before, and a
     `base-<sha>` marker: the image's repository has base_commit's history and the old tag only."""
@@ -554,7 +553,6 @@ def test_the_checkout_holds_nothing_newer_than_base_commit(docker_client, base_i
         repos.checkout(repo, tmp_path / "x", "--upload-pack=touch /tmp/x", what="t")
 
 
-@pytest.mark.docker
 def test_the_image_installs_offline_from_the_wheelhouse(
     docker_client, base_image, client, offline: Path, mirror, envdemo_spec
 ) -> None:
@@ -598,7 +596,6 @@ def test_the_image_installs_offline_from_the_wheelhouse(
         docker_client.images.remove(image, force=True)
 
 
-@pytest.mark.docker
 def test_a_source_only_dependency_is_built_in_the_base_image(
     docker_client, base_image, offline: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -626,7 +623,6 @@ def test_a_source_only_dependency_is_built_in_the_base_image(
     assert "building its source distribution orchard_envdemo_cext-1.0.tar.gz" in message and "gcc" in message
 
 
-@pytest.mark.docker
 def test_requirements_fall_back_to_base_commit_and_a_missing_one_names_it(
     docker_client, base_image, offline: Path, mirror, envdemo_spec
 ) -> None:
@@ -640,7 +636,6 @@ def test_requirements_fall_back_to_base_commit_and_a_missing_one_names_it(
     assert any("environment_setup_commit 000000000000 is not in the mirror" in line for line in lines)
 
 
-@pytest.mark.docker
 def test_a_python_no_image_offers_runs_on_the_nearest_with_the_warning_on_the_image(
     docker_client, base_image, example_repos, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -665,7 +660,6 @@ def test_a_python_no_image_offers_runs_on_the_nearest_with_the_warning_on_the_im
         task_image(task.model_copy(update={"python": "3.13"}), RepoMirror(example_repos))
 
 
-@pytest.mark.docker
 def test_swebench_images_are_used_as_published_with_conda_activated(
     docker_client, base_image, client, example_repos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

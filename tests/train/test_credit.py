@@ -44,7 +44,6 @@ class Judge:
         return Reply(content=f"I estimate {min(1.0, 0.2 * shown):.1f}")
 
 
-@pytest.mark.docker
 def test_replay_and_judge_on_a_scripted_trajectory(orchard_home, example_repos, example_task, client):
     """Slow: the trajectory's steps are replayed in fresh sandboxes, each graded."""
     from typer.testing import CliRunner

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from orchard.agents.base import Reply
 from orchard.train.config import RLConfig
 from orchard.train.rl import train_rl
-
-pytestmark = pytest.mark.docker
 
 
 class Judge:

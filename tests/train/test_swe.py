@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 from orchard.cli import app
 from orchard.store import RunRecord, StepRecord, session
 
-pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 

@@ -79,7 +79,6 @@ def tiny(tmp_path_factory):
     return AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder), folder
 
 
-@pytest.mark.docker
 def test_a_rollout_generates_every_turn_on_the_server(client, example_task, orchard_home, tiny):
     from sqlmodel import select
     from trl import GRPOConfig

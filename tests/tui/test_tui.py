@@ -113,7 +113,6 @@ def test_snapshot_trajectory(filled_store, snap_compare):
     assert snap_compare(app_for(filled_store), terminal_size=(80, 24), run_before=open_trajectory)
 
 
-@pytest.mark.docker
 async def test_deleting_a_real_sandbox(docker_client, busybox_image, tmp_path):
     from orchard.env import Client
     from orchard.store import SandboxRecord, session
@@ -133,7 +132,6 @@ async def test_deleting_a_real_sandbox(docker_client, busybox_image, tmp_path):
             assert db.get(SandboxRecord, box.id).status == "deleted"
 
 
-@pytest.mark.docker
 async def test_deleting_a_service_sandbox_goes_through_the_service(start_service, busybox_image, tmp_path, monkeypatch):
     """The service lets go of it too: deleted behind its back, it would still list it."""
     from orchard.env import Client
