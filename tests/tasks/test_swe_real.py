@@ -24,7 +24,7 @@ import pytest
 
 from orchard.tasks.loading import load_tasks
 
-pytestmark = [pytest.mark.swe_real, pytest.mark.docker]
+pytestmark = pytest.mark.swe_real
 
 ROWS = Path(__file__).parent / "data" / "swe-bench-lite-7.jsonl"
 
@@ -77,7 +77,7 @@ def without_main_hunk(patch: str) -> str:
     return "".join([*lines[:start], *hunk, *lines[end:]])
 
 
-def test_gold_resolves_every_instance_and_broken_patches_none(mirror: Path, tmp_path: Path):
+def test_gold_resolves_every_instance_and_broken_patches_none(mirror: Path, tmp_path: Path, docker_client):
     tasks = load_tasks(ROWS)
     gold = eval_cli(
         "--predictions", "gold", "--repos", str(mirror), "--report", str(tmp_path / "gold.json"), home=tmp_path
