@@ -204,8 +204,9 @@ def default_service(docker_client, base_image, tmp_path_factory) -> Iterator[tup
 
 
 @pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """A real PostgreSQL server on a Unix socket in a temporary folder (no TCP port at all)."""
+def postgres_server() -> Iterator[tuple[list[str], str, Path]]:
+    """A real PostgreSQL server on a Unix socket in a temporary folder (no TCP port at all), for the
+    session: (the command prefix that runs its tools as their user, its bin folder, its socket folder)."""
     import glob
     import shutil
     import subprocess
@@ -231,11 +232,23 @@ def postgres_url() -> Iterator[str]:
         stdout=subprocess.DEVNULL,
     )
     try:
-        subprocess.run([*as_user, f"{bins[-1]}/createdb", "-h", str(folder), "-U", "orchard", "orchard"], check=True)
-        yield f"postgresql+psycopg://orchard@/orchard?host={folder}"
+        yield as_user, bins[-1], folder
     finally:
         subprocess.run([*as_user, f"{bins[-1]}/pg_ctl", "-D", str(data), "-m", "immediate", "stop"], check=False)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """The URL of a database of its own on the session's PostgreSQL server: no test sees another's rows,
+    whichever ran before it in the same process."""
+    import subprocess
+    import uuid
+
+    as_user, bins, folder = postgres_server
+    name = f"orchard_{uuid.uuid4().hex[:12]}"
+    subprocess.run([*as_user, f"{bins}/createdb", "-h", str(folder), "-U", "orchard", name], check=True)
+    return f"postgresql+psycopg://orchard@/{name}?host={folder}"
 
 
 @pytest.fixture

@@ -90,6 +90,8 @@ MAX_TEXT = 64 * 1024
 MAX_URL = 8192
 SCREENSHOT_TIMEOUT = 10.0
 """Seconds a screenshot's capture may take; one that goes unanswered is asked once more."""
+LOAD_TIMEOUT = 20.0
+"""Seconds `goto` waits for a page's load by default."""
 SETTLE_QUIET = 0.05
 """Seconds without a navigation event that `settle` waits for once nothing is loading."""
 VERSION_BYTES = 64 * 1024
@@ -345,10 +347,11 @@ class Browser:
         """Top-level navigations of the active tab so far (its first about:blank not counted)."""
         return self._states[self._active].navigations
 
-    def goto(self, url: str, *, timeout: float = 20.0) -> bool:
+    def goto(self, url: str, *, timeout: float | None = None) -> bool:
         """Open `url` (relative to the current page's, when relative) in the active tab and wait
-        up to `timeout` seconds for its load; False when it could not be opened (the browser's
-        error page shows instead)."""
+        up to `timeout` seconds (`LOAD_TIMEOUT` by default) for its load; False when it could not be
+        opened (the browser's error page shows instead)."""
+        timeout = LOAD_TIMEOUT if timeout is None else timeout
         if not isinstance(url, str) or not 0 < len(url) <= MAX_URL:
             raise InvalidRequest(f"a URL is a string of 1 to {MAX_URL} characters")
         target = urllib.parse.urljoin(self.url, url)
@@ -604,9 +607,14 @@ class Browser:
     # --- the machinery -----------------------------------------------------------------------
 
     def _send(
-        self, method: str, params: dict[str, Any] | None = None, *, timeout: float = 10.0, max_bytes: int | None = None
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        max_bytes: int | None = None,
     ) -> dict[str, Any]:
-        """A command to the active tab's session."""
+        """A command to the active tab's session (`timeout`: `cdp.COMMAND_TIMEOUT` by default)."""
         if self._closed:
             raise BrowserError("this browser was closed")
         extra = {"max_bytes": max_bytes} if max_bytes is not None else {}

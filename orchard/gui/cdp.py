@@ -45,6 +45,7 @@ MAX_ANSWER = 4 * 2**20
 MAX_EVENT = 4 * 2**20
 """Events over this are dropped unread."""
 COMMAND_TIMEOUT = 10.0
+"""Seconds a command waits for its answer (and the opening handshake for its end) unless it says otherwise."""
 PROTOCOL_POLL = 0.1
 """How often a command waiting for its answer looks whether the WebSocket is closing on its own."""
 CLOSE_TIMEOUT = 2.0
@@ -106,13 +107,14 @@ class CDPConnection:
         path: str,
         *,
         port: int = 9222,
-        timeout: float = COMMAND_TIMEOUT,
+        timeout: float | None = None,
         what: str = "the browser",
     ) -> CDPConnection:
         """The WebSocket at `path` (`/devtools/browser/ID`) over `sock`, a stream already
         connected to the DevTools port (`port` only names it in the Host header, which Chromium
         checks); the opening handshake must be done within `timeout`. `sock` is closed when this
-        fails, and with the connection otherwise."""
+        fails, and with the connection otherwise. `timeout`: `COMMAND_TIMEOUT` by default."""
+        timeout = COMMAND_TIMEOUT if timeout is None else timeout
         try:
             ws = connect(
                 f"ws://127.0.0.1:{port}{path}",
@@ -146,12 +148,14 @@ class CDPConnection:
         params: dict[str, Any] | None = None,
         *,
         session_id: str | None = None,
-        timeout: float = COMMAND_TIMEOUT,
+        timeout: float | None = None,
         max_bytes: int = MAX_ANSWER,
     ) -> dict[str, Any]:
         """Send a command and wait for its result (a dict). `CDPError` when the browser answers
         with an error, `BrowserTimeout` after `timeout` seconds, `BrowserError` when the
-        connection is or goes down, or the answer is over `max_bytes`."""
+        connection is or goes down, or the answer is over `max_bytes`. `timeout`: `COMMAND_TIMEOUT`
+        by default."""
+        timeout = COMMAND_TIMEOUT if timeout is None else timeout
         slot = _Slot(method, max_bytes)
         ident = self._post(method, params, session_id, slot)
         deadline = time.monotonic() + timeout

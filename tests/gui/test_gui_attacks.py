@@ -55,6 +55,7 @@ from orchard.env.client import Sandbox
 from orchard.env.transport import AgentChannel
 from orchard.errors import AgentError, OrchardError
 from orchard.gui import browser as browser_module
+from orchard.gui import cdp as cdp_module
 from orchard.gui import task as gui_task
 from orchard.gui.browser import MAX_TABS, Browser
 from orchard.gui.cdp import BrowserError, BrowserTimeout, CDPConnection
@@ -352,13 +353,13 @@ def test_a_hostile_page_keeps_every_step_bounded(pages_box, name, harness):
 
 
 @pytest.mark.parametrize("name", ["alerts", "busy"])
-def test_a_page_that_never_yields_aborts_the_episode_in_time_and_the_browser_goes_on(pages_box, name):
+def test_a_page_that_never_yields_aborts_the_episode_in_time_and_the_browser_goes_on(pages_box, name, monkeypatch):
     """An endless alert loop (each dialog accepted, the next one opening) or an endless script
     holds the tab's renderer: the click's command times out, the episode is aborted with the
     browser's error, the context is disposed, and the sandbox's Chromium serves the next task.
-
-    Slow: the click's command timeout (10 s) is waited out for real.
-    """
+    The command timeout (`COMMAND_TIMEOUT`, 10 s in use) is 3 s here: the page burns a core while
+    it is waited out."""
+    monkeypatch.setattr(cdp_module, "COMMAND_TIMEOUT", 3.0)
     task = AttackPages(instance_id=f"attack/{name}", pages={f"{name}.html": HOSTILE[name]}, first=f"{name}.html")
     task.steps = PRESS
     episode, took = work(pages_box, task, "computer")
@@ -387,14 +388,17 @@ def test_beforeunload_does_not_keep_the_agent_on_a_page(pages_box):
     assert json.loads(episode.submission)["url"] == f"file://{FOLDER}/index.html"
 
 
-def test_a_page_that_never_finishes_loading_costs_a_bounded_wait(pages_box):
-    """Slow: the bound it checks is the browser's own load timeout (20 s), waited out for real."""
+def test_a_page_that_never_finishes_loading_costs_a_bounded_wait(pages_box, monkeypatch):
+    """The goto waits out the browser's load timeout (`LOAD_TIMEOUT`, 20 s in use, 3 s here) and
+    the episode goes on."""
+    monkeypatch.setattr(browser_module, "LOAD_TIMEOUT", 3.0)
     task = AttackPages(instance_id="attack/stall", pages={"index.html": "<title>Index</title>"}, http=True)
     task.steps = [{"kind": "call", "tool": "goto", "arguments": {"url": "/stall"}}, PRESS[-1]]
     episode, took = work(pages_box, task, "bid")
     assert episode.status == "completed", episode.error
     bounded(episode, took, 60)
     assert f"opened {ORIGIN}/stall" in texts(episode)  # the goto's feedback, once its load timed out
+    assert episode.steps[0].duration >= 3.0  # it did wait for the load
 
 
 def test_an_outline_with_a_huge_label_is_clipped(pages_box):
