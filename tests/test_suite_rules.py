@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -71,3 +73,25 @@ def test_plain(): pass
     docker = pytester.runpytest_inprocess(*INNER, "-m", "docker", "-v")
     docker.assert_outcomes(passed=1, deselected=2)
     docker.stdout.fnmatch_lines(["*test_box PASSED*"])
+
+
+def test_cpu_report_gives_each_tests_machine_cpu_and_wall(pytester: pytest.Pytester):
+    pytester.makeconftest('pytest_plugins = ["suite_rules"]')
+    pytester.makepyfile("""
+import time
+
+def test_busy():
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+
+def test_asleep():
+    time.sleep(0.3)
+""")
+    report = pytester.path / "cpu.jsonl"
+    result = pytester.runpytest_inprocess(*INNER, "--cpu-report", str(report))
+    result.assert_outcomes(passed=2)
+    records = {record["id"].split("::")[1]: record for record in map(json.loads, report.read_text().splitlines())}
+    assert set(records) == {"test_busy", "test_asleep"}
+    assert records["test_busy"]["cpu"] >= 0.25 and records["test_busy"]["wall"] >= 0.3
+    assert records["test_asleep"]["wall"] >= 0.3
