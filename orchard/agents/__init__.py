@@ -2,10 +2,11 @@
 
 Eight harnesses ship: for software tasks `bash` (one fenced shell command per turn), `tools`
 (function calling with a file editor), `cli` (a coding CLI's tools, ending on a plain-text
-answer); for assistant tasks (`claw`) `functions` (each service endpoint a tool) and `assistant`
-(shell, files, HTTP by URL, memory) and `react` (a text protocol, no tool schemas); for browser tasks (`gui`, `miniwob`) `computer`
-(screenshots, 13 tools on a 0-1000 grid) and `bid` (the page as text, elements by id). `HARNESSES` names
-them; your own is a class with the `Harness` methods, named as `path/to/file.py:ClassName` or
+answer); for assistant tasks (`claw`) `functions` (each service endpoint a tool), `assistant`
+(shell, files, HTTP by URL, memory) and `react` (a text protocol, no tool schemas); for browser
+tasks (`gui`, `miniwob`) `computer` (screenshots, 13 tools on a 0-1000 grid) and `bid` (the page
+as text, elements by id). `HARNESSES` names them (each recipe lists its own: `orchard.recipes`);
+your own is a class with the `Harness` methods, named as `path/to/file.py:ClassName` or
 `module:Class` wherever a harness name is accepted; `examples/custom_harness.py` shows one.
 """
 
@@ -14,22 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from orchard.recipes import merged
 from orchard.registry import load
 
 if TYPE_CHECKING:
     from orchard.agents.base import Harness
 
-HARNESSES: dict[str, str] = {
-    "bash": "orchard.agents.bash:BashHarness",
-    "tools": "orchard.agents.tools:ToolsHarness",
-    "cli": "orchard.agents.cli:CliHarness",
-    "functions": "orchard.claw.harnesses:FunctionsHarness",
-    "assistant": "orchard.claw.harnesses:AssistantHarness",
-    "react": "orchard.claw.harnesses:ReactHarness",
-    "computer": "orchard.gui.harnesses:ComputerHarness",
-    "bid": "orchard.gui.harnesses:BidHarness",
-}
-"""The harnesses that ship, by name: `name -> "module:Class"`."""
+HARNESSES: dict[str, str] = merged("harnesses")
+"""The harnesses that ship, every recipe's (`orchard.recipes`), by name: `name -> "module:Class"`."""
 
 
 def harness_factory(name: str) -> Callable[[], Harness]:

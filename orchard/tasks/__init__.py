@@ -1,10 +1,8 @@
 """Tasks: the task-kind protocol (`orchard.tasks.base`), the kinds, and loading task files.
 
 A task file's records pick their kind with a `kind` field (`swe` when absent): a name in
-`orchard.tasks.kinds.KINDS`, or a task class named `module:Class` or `path/to/file.py:Class` (a
-path relative to the task file's folder). Kinds that ship:
-
-* `swe`: repository issues graded by their tests, SWE-bench's schema (`orchard.tasks.swe`).
+`orchard.tasks.kinds.KINDS` (every recipe's kinds: `orchard.recipes`), or a task class named
+`module:Class` or `path/to/file.py:Class` (a path relative to the task file's folder).
 """
 
 from orchard.tasks.base import Grade, Prepare, TaskBase, task_sandbox

@@ -3,8 +3,8 @@
 A task kind is a task class: a pydantic model whose fields are what a task file holds and whose
 methods say how the task's sandbox is prepared, what the agent may see, what an attempt produced
 and how it is graded. Eval, collection, credit assignment, SFT, RL and the value model only ever
-call these, so a new kind is one file (a subclass of `TaskBase`) plus a line in
-`orchard.tasks.kinds.KINDS`; a task file picks its kind with a `kind` field (`swe` when absent).
+call these, so a new kind is one file (a subclass of `TaskBase`) plus a line in its recipe's
+`kinds` (`orchard.recipes`); a task file picks its kind with a `kind` field (`swe` when absent).
 
     class Task(Protocol):
         instance_id, kind, workdir, problem_statement       # fields every kind has

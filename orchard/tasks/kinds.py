@@ -1,21 +1,16 @@
-"""The registry of task kinds: a name in `KINDS`, `module:Class` or `path/file.py:Class` -> a task class."""
+"""The registry of task kinds: a name in `KINDS` (the recipes'), `module:Class` or `path/file.py:Class` -> a task class."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from orchard.errors import ConfigError
+from orchard.recipes import merged
 from orchard.registry import load
 from orchard.tasks.base import TaskBase
 
-KINDS: dict[str, str] = {
-    "swe": "orchard.tasks.swe:SWETask",
-    "claw": "orchard.claw.task:ClawTask",
-    "claw-eval": "orchard.claw.claweval:ClawEvalTask",
-    "gui": "orchard.gui.task:GuiTask",
-    "miniwob": "orchard.gui.miniwob:MiniWobTask",
-}
-"""Task kinds by name: `name -> "module:Class"`."""
+KINDS: dict[str, str] = merged("kinds")
+"""Task kinds by name, every recipe's (`orchard.recipes`): `name -> "module:Class"`."""
 
 
 def task_class(kind: str, *, relative_to: str | Path | None = None) -> type[TaskBase]:

@@ -22,18 +22,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchard.errors import ConfigError, InvalidRequest
+from orchard.recipes import merged
 from orchard.registry import load
 from orchard.tasks.base import TaskBase
 from orchard.tasks.kinds import KINDS, task_class
 
-FOLDERS: dict[str, str] = {"claw-eval": "orchard.claw.claweval:read_folder"}
-"""Task sets laid out as folders of files, by format: `name -> "module:function"`, a function that
+FOLDERS: dict[str, str] = merged("folders")
+"""Task sets laid out as folders of files, by format (the recipes'): `name -> "module:function"`, a function that
 takes the folder and returns its tasks' (where, record) pairs, each record of a kind of `KINDS`.
 A folder's format is known by its layout (`folder_format`); the reader is imported only then."""
 
 
-SCHEMES: dict[str, str] = {"miniwob": "orchard.gui.miniwob:read_spec"}
-"""Task sets named `scheme:argument` (MiniWoB++'s pages, shipped in a package), by scheme: a
+SCHEMES: dict[str, str] = merged("schemes")
+"""Task sets named `scheme:argument` (MiniWoB++'s pages, shipped in a package), by scheme (the recipes'): a
 function that takes the argument and returns the tasks' (where, record) pairs."""
 
 

@@ -1,4 +1,4 @@
-"""The training commands: `orchard train swe|claw|gui|value`, `orchard model tiny|smollm2`, and `orchard demo`.
+"""The training commands: `orchard train RECIPE|value`, `orchard model tiny|smollm2`, and `orchard demo`.
 
 torch, transformers and TRL are imported inside the commands, so `orchard --help` stays fast.
 """
@@ -16,51 +16,38 @@ import typer
 from orchard.clikit import command, group
 from orchard.config import settings
 from orchard.errors import OrchardError
+from orchard.recipes import recipe, recipes
 
 app = group("Training, and the models it starts from.")
-train_app = group("Train: a recipe (SWE, Claw) end to end, or one of its stages on its own.")
+train_app = group("Train: a recipe end to end, or one of its stages on its own.")
 model_app = group("Build models offline.")
 app.add_typer(train_app, name="train")
 app.add_typer(model_app, name="model")
 
 
-@command(train_app, "swe")
-def train_swe(
-    config: Annotated[
-        Path, typer.Option("--config", metavar="FILE", help="The recipe, e.g. examples/configs/swe-tiny.yaml.")
-    ],
-) -> None:
-    """Run the SWE recipe: collect, credit assignment, SFT, RL (BAR), value model, eval; each stage a run.
+def _train_command(name: str) -> None:
+    """`orchard train NAME --config FILE` for recipe `name`."""
+    about = recipe(name)
+    example = f"examples/{about.example_config}" if about.example_config else "FILE"
 
-    On several GPUs: accelerate launch --num_processes N -m orchard train swe --config FILE."""
-    _train(config)
+    def train(config: Path) -> None:
+        _train(name, config)
 
-
-@command(train_app, "claw")
-def train_claw(
-    config: Annotated[
-        Path, typer.Option("--config", metavar="FILE", help="The recipe, e.g. examples/configs/claw-tiny.yaml.")
-    ],
-) -> None:
-    """Run the Claw recipe (assistant tasks): the same stages as swe, graded by score, pass@k and pass^k.
-
-    On several GPUs: accelerate launch --num_processes N -m orchard train claw --config FILE."""
-    _train(config)
+    option = typer.Option("--config", metavar="FILE", help=f"The recipe, e.g. {example}.")
+    train.__annotations__ = {"config": Annotated[Path, option], "return": None}  # made here: it names the example
+    train.__doc__ = (
+        f"Run the {about.title} recipe ({about.about}): collect, credit assignment, SFT, RL (BAR), value model, "
+        f"eval; each stage a run.\n\nOn several GPUs: accelerate launch --num_processes N -m orchard train {name} "
+        "--config FILE."
+    )
+    command(train_app, name)(train)
 
 
-@command(train_app, "gui")
-def train_gui(
-    config: Annotated[
-        Path, typer.Option("--config", metavar="FILE", help="The recipe, e.g. examples/configs/gui-tiny.yaml.")
-    ],
-) -> None:
-    """Run the GUI recipe (browser tasks): the same stages as swe, a vision-language student, screenshots in SFT.
-
-    On several GPUs: accelerate launch --num_processes N -m orchard train gui --config FILE."""
-    _train(config)
+for _name in recipes():
+    _train_command(_name)
 
 
-def _train(config: Path) -> None:
+def _train(name: str, config: Path) -> None:
     import warnings
 
     from transformers.utils import logging as hf_logging
@@ -70,7 +57,7 @@ def _train(config: Path) -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)  # deprecations inside transformers and TRL
-    summary = run_swe(load_config(config), log=lambda line: typer.echo(line, err=True))
+    summary = run_swe(load_config(config), recipe=name, log=lambda line: typer.echo(line, err=True))
     if summary["main_process"]:
         typer.echo(f"policy: {summary['policy']}\nvalue model: {summary['value']['output_dir']}")
 
@@ -126,8 +113,9 @@ def model_smollm2(path: Annotated[Path, typer.Argument(metavar="DIR", help="An e
 
 @command(app, "demo")
 def demo(
-    recipe: Annotated[
-        str, typer.Option(help="The recipe: swe (repository issues), claw (assistant tasks) or gui (browser tasks).")
+    name: Annotated[
+        str,
+        typer.Option("--recipe", help=f"The recipe: {', '.join(f'{r.name} ({r.about})' for r in recipes().values())}."),
     ] = "swe",
     tasks: Annotated[
         int, typer.Option(min=1, help="Example tasks to use (4 by default; swe has 15, claw 18, gui 19).")
@@ -150,25 +138,27 @@ def demo(
     from orchard.train.config import SWEConfig
     from orchard.train.swe import run_swe
 
-    if recipe not in ("swe", "claw", "gui"):
-        raise OrchardError(f"no recipe {recipe!r}: the demo runs swe, claw or gui")
+    if name not in recipes():
+        *others, last = recipes()
+        raise OrchardError(f"no recipe {name!r}: the demo runs {', '.join(others)} or {last}")
+    about = recipe(name)
     root = Path(__file__).resolve().parents[2]
     examples = root / "examples"
-    task_file = examples / "tasks" / "tasks.jsonl" if recipe == "swe" else examples / recipe / "tasks.json"
-    if not task_file.is_file():
+    task_file = examples / about.example_tasks
+    if not about.example_tasks or not task_file.is_file():
         raise OrchardError(f"the demo needs a source checkout's examples/ folder, not found at {examples}")
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)
     say = lambda line: typer.echo(line, err=True)  # noqa: E731
-    if recipe == "gui":
+    if name == "gui":
         say("[demo] browser image (built offline once: a minute or two)")
         images.build_browser()
     else:
         say("[demo] base image (built offline once)")
         images.build_base()
-    data = yaml.safe_load((examples / "configs" / f"{recipe}-tiny.yaml").read_text())
-    if recipe == "swe":
+    data = yaml.safe_load((examples / about.example_config).read_text())
+    if name == "swe":
         repos = settings().cache_dir / "example-repos"
         subprocess.run(
             [sys.executable, str(examples / "tasks" / "make_repos.py"), "--force", str(repos)],
@@ -181,17 +171,16 @@ def demo(
     else:
         all_ids = [task["instance_id"] for task in json.loads(task_file.read_text())]
     chosen = (data["ids"] + [i for i in all_ids if i not in data["ids"]])[:tasks]
-    folder = work_dir or settings().home / "demo" / (f"tasks-{tasks}" if recipe == "swe" else f"{recipe}-{tasks}")
+    folder = work_dir or settings().home / "demo" / (f"tasks-{tasks}" if name == "swe" else f"{name}-{tasks}")
     data.update(
-        name=f"demo-{tasks}" if recipe == "swe" else f"demo-{recipe}-{tasks}",
+        name=f"demo-{tasks}" if name == "swe" else f"demo-{name}-{tasks}",
         tasks=str(task_file),
         ids=chosen,
         work_dir=str(folder),
     )
     started = time.monotonic()
-    summary = run_swe(validated(SWEConfig, data, base=examples / "configs"), log=say)
-    title = {"swe": "Orchard-SWE", "claw": "Orchard-Claw", "gui": "Orchard-GUI"}[recipe]
-    table = Table(title=f"{title} demo: {len(chosen)} tasks, {time.monotonic() - started:.0f} s")
+    summary = run_swe(validated(SWEConfig, data, base=examples / "configs"), recipe=name, log=say)
+    table = Table(title=f"{about.title} demo: {len(chosen)} tasks, {time.monotonic() - started:.0f} s")
     table.add_column("stage")
     table.add_column("result")
     from orchard.store.runs import get_run, headline
@@ -216,7 +205,7 @@ def demo(
     k = data["eval"]["samples"]
     for label in ("before", "after"):
         cells = ", ".join(
-            f"{h} {r:.0%}" + (f" (pass^{k} {evaluated['pass'][label][h]['pass^k']:.0%})" if recipe == "claw" else "")
+            f"{h} {r:.0%}" + (f" (pass^{k} {evaluated['pass'][label][h]['pass^k']:.0%})" if name == "claw" else "")
             for h, r in evaluated["matrix"][label].items()
         )
         table.add_row(

@@ -41,9 +41,13 @@ def load_config(path: str | Path) -> SWEConfig:
     return load_config_file(path, SWEConfig)
 
 
-def run_swe(config: SWEConfig, *, log: Log = print, store: Store | None = None) -> dict[str, Any]:
-    """Run (or continue) every stage; the summary of each. Under a multi-process launch, see `orchard.train.launch`."""
+def run_swe(
+    config: SWEConfig, *, recipe: str | None = None, log: Log = print, store: Store | None = None
+) -> dict[str, Any]:
+    """Run (or continue) every stage; the summary of each. With `recipe`, tasks of another recipe
+    are refused before anything starts. Under a multi-process launch, see `orchard.train.launch`."""
     from orchard.env import Client
+    from orchard.recipes import check_kinds
     from orchard.tasks import load_tasks
     from orchard.tasks.base import Prepare
     from orchard.train.launch import Launch
@@ -51,6 +55,8 @@ def run_swe(config: SWEConfig, *, log: Log = print, store: Store | None = None) 
     launch = Launch()
     log = launch.log(log)
     tasks = load_tasks(config.tasks, ids=config.ids)
+    if recipe is not None:
+        check_kinds(recipe, {task.kind for task in tasks}, f"the tasks {config.tasks}")
     prepare = Prepare(config.repos)
     work = Path(config.work_dir)
     work.mkdir(parents=True, exist_ok=True)  # once the tasks are found: a mistake leaves nothing behind
