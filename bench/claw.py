@@ -10,7 +10,7 @@ sandbox, and a tool call through a harness, each against its baseline measured i
 * **a tool call through the harness**: `FunctionsHarness.execute` of `todo_list` on the services
   in the sandbox (the JSON body to the agent's `POST /http`, the agent's request to the server on
   the sandbox's loopback, the answer checked on the host and made an observation), against the
-  bare HTTP call: the same server (`orchard/claw/server.py`, the same world) on this host's
+  bare HTTP call: the same server (`orchard/recipes/claw/server.py`, the same world) on this host's
   loopback, asked with `http.client`, a connection per call as the agent makes them. Goal: at
   most 5 ms above it.
 """
@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 from orchard.agents.base import Action
-from orchard.claw.harnesses import FunctionsHarness
 from orchard.config import BASE_IMAGE
 from orchard.env import Client
+from orchard.recipes.claw.harnesses import FunctionsHarness
 from orchard.tasks.loading import load_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def _bare_calls(task, calls: int) -> list[float]:
         port = probe.getsockname()[1]
     with tempfile.TemporaryDirectory() as folder:
         Path(folder, "setup.json").write_text(json.dumps(task.setup()))
-        server = ROOT / "orchard/claw/server.py"
+        server = ROOT / "orchard/recipes/claw/server.py"
         proc = subprocess.Popen([sys.executable, str(server), "setup.json", str(port), "ready"], cwd=folder)
         try:
             while not Path(folder, "ready").exists():

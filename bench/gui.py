@@ -49,9 +49,9 @@ from typing import Any
 from orchard.env import Client
 from orchard.env.backends.base import SandboxSpec
 from orchard.env.client import Sandbox
-from orchard.gui.browser import Browser
-from orchard.gui.harnesses import BidHarness, BrowserHarness, ComputerHarness
-from orchard.gui.task import GuiTask, session_of
+from orchard.recipes.gui.browser import Browser
+from orchard.recipes.gui.harnesses import BidHarness, BrowserHarness, ComputerHarness
+from orchard.recipes.gui.task import GuiTask, session_of
 from orchard.store.runs import record_bench
 from orchard.tasks.loading import load_tasks
 

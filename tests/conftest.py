@@ -256,8 +256,8 @@ def chat_server() -> Iterator[Callable[[Callable[[list[dict[str, Any]]], str]], 
     """A real OpenAI-compatible chat server on loopback, for judges and simulated users played by a
     model: `chat_server(answer)` starts one, `answer(messages)` being each reply's text; returns its
     base URL and the bodies of the requests it gets. Each is stopped, and the model cache of judges
-    and users (`orchard.claw.task._MODELS`) cleared, when the test ends."""
-    from orchard.claw import task as claw_task
+    and users (`orchard.recipes.claw.task._MODELS`) cleared, when the test ends."""
+    from orchard.recipes.claw import task as claw_task
 
     servers: list[ThreadingHTTPServer] = []
 

@@ -82,13 +82,16 @@ def uses_typer(source: str) -> bool:
 @functools.cache
 def _area(module: str) -> str:
     """The part of Orchard a module belongs to: its subpackage, or the top-level module itself.
+    Each recipe (`orchard.recipes.NAME`) is a part of its own, on the shared ones; the recipes'
+    table (`orchard.recipes` itself) is one they all read.
 
     Modules of commands (those that use typer, such as `orchard/<area>/cli.py`) belong to the
     CLI, the layer above all the others.
     """
     if module in MODULES and uses_typer(MODULES[module].read_text()):
         return "orchard.cli"
-    return ".".join(module.split(".")[:2])
+    parts = module.split(".")
+    return ".".join(parts[: 3 if parts[:2] == ["orchard", "recipes"] else 2])
 
 
 def area_imports() -> dict[str, set[str]]:

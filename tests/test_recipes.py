@@ -24,8 +24,8 @@ def test_the_shared_tables_are_the_recipes():
     assert list(recipes()) == ["swe", "claw", "gui"]
     assert list(KINDS) == ["swe", "claw", "claw-eval", "gui", "miniwob"]
     assert list(HARNESSES) == ["bash", "tools", "cli", "functions", "assistant", "react", "computer", "bid"]
-    assert FOLDERS == {"claw-eval": "orchard.claw.claweval:read_folder"}
-    assert SCHEMES == {"miniwob": "orchard.gui.miniwob:read_spec"}
+    assert FOLDERS == {"claw-eval": "orchard.recipes.claw.claweval:read_folder"}
+    assert SCHEMES == {"miniwob": "orchard.recipes.gui.miniwob:read_spec"}
     assert recipe_of_kind("claw-eval") is recipe("claw") and recipe_of_kind("my.module:Task") is None
     for found in recipes().values():  # its example files are where it says
         assert (ROOT / "examples" / found.example_tasks).is_file() and (

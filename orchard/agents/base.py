@@ -92,7 +92,7 @@ class Harness(Protocol):
     def format_error_messages(self, reply: Reply, error: FormatError) -> list[Message]: ...
     def encode(self, step: Step, index: int) -> Reply: ...
 
-    # Optional, for harnesses that show a live page (`orchard.gui.harnesses`); the loop asks with getattr:
+    # Optional, for harnesses that show a live page (`orchard.recipes.gui.harnesses`); the loop asks with getattr:
     #   opening(box) -> list of content parts    added to the first user turn, after the task's start
     #   after_actions(box) -> list[Message]       after a turn's actions (a screenshot), unless it submitted
     #   keep_images: int | None                   the newest images kept in the model's context

@@ -352,7 +352,7 @@ def image_build_miniwob(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
 ) -> None:
     """Build the MiniWoB++ image: the browser image with the pages of the PyPI package `miniwob`."""
-    from orchard.gui.miniwob import build_image
+    from orchard.recipes.gui.miniwob import build_image
 
     typer.echo(build_image(force=force, log=typer.echo))
 
@@ -362,7 +362,7 @@ def image_build_claw_eval(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
 ) -> None:
     """Build the image Claw-Eval task folders run in: the base image with FastAPI, uvicorn, pydantic, httpx, PyYAML."""
-    from orchard.claw.claweval import build_image
+    from orchard.recipes.claw.claweval import build_image
 
     typer.echo(build_image(force=force, log=typer.echo))
 

@@ -165,7 +165,7 @@ def _build_lock(tag: str) -> Iterator[None]:
 
 def build_lock(tag: str) -> AbstractContextManager[None]:
     """The lock every builder of image `tag` holds, across processes and threads, so an image built
-    elsewhere (`orchard.claw.claweval.build_image`) is built once, as these are."""
+    elsewhere (`orchard.recipes.claw.claweval.build_image`) is built once, as these are."""
     return _build_lock(tag)
 
 

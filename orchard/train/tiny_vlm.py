@@ -71,7 +71,7 @@ CHAT_TEMPLATE = _with_images(tiny.CHAT_TEMPLATE)
 
 def default_corpus() -> list[str]:
     """The tiny text model's corpus and the browser harnesses' prompts and tools."""
-    from orchard.gui import harnesses
+    from orchard.recipes.gui import harnesses
 
     texts = [harnesses.COMPUTER_SYSTEM, harnesses.BID_SYSTEM]
     texts += [json.dumps(harnesses.COMPUTER_TOOLS), json.dumps(harnesses.BID_TOOLS)]

@@ -23,11 +23,11 @@ from typer.testing import CliRunner
 
 from orchard.agents.loop import Limits
 from orchard.agents.models import RecordedModel, ScriptedModel
-from orchard.claw import claweval
-from orchard.claw.claweval import COMPAT, HOME, ClawEvalTask, build_image
 from orchard.cli import app
 from orchard.errors import ConfigError
 from orchard.eval.attempt import attempt
+from orchard.recipes.claw import claweval
+from orchard.recipes.claw.claweval import COMPAT, HOME, ClawEvalTask, build_image
 from orchard.store import ResultRecord, RunRecord, session
 from orchard.tasks.loading import load_tasks
 

@@ -11,8 +11,8 @@ import pytest
 
 from orchard.agents.loop import Limits
 from orchard.agents.models import ScriptedModel
-from orchard.claw.task import PORT
 from orchard.eval.attempt import attempt
+from orchard.recipes.claw.task import PORT
 from orchard.tasks.loading import load_tasks
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "claw" / "tasks.json"
@@ -123,7 +123,7 @@ def test_a_sandbox_that_forges_the_services_log_gains_nothing(client, base_image
 
 def test_the_assistant_reaches_only_the_services_and_keeps_a_memory(client, base_image, tmp_path):
     task = _one(tmp_path)
-    from orchard.claw.harnesses import AssistantHarness
+    from orchard.recipes.claw.harnesses import AssistantHarness
 
     harness = AssistantHarness()
     harness.system_prompt({**task.public(), "prompt": task.prompt()})

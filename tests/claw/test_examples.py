@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from orchard.claw import world as claw_world
-from orchard.claw.task import PASS, ClawTask
+from orchard.recipes.claw import world as claw_world
+from orchard.recipes.claw.task import PASS, ClawTask
 from orchard.tasks.base import Step
 from orchard.tasks.loading import load_tasks
 
@@ -62,7 +62,7 @@ def test_doing_nothing_does_not_pass(instance_id):
 def test_the_regressing_script_stops_short_of_passing(instance_id):
     """`scripted:regress`, the recipe's teacher of unresolved trajectories: it never passes, and
     on a task that changes anything it keeps some of the solution's progress."""
-    from orchard.claw.task import _played_submission
+    from orchard.recipes.claw.task import _played_submission
 
     task = TASKS[instance_id]
     grade = task.grade(None, _played_submission(task, task.script("regress")))

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from orchard.agents.base import FormatError, Reply, Step, ToolCall
-from orchard.claw.harnesses import AssistantHarness, FunctionsHarness, ReactHarness
+from orchard.recipes.claw.harnesses import AssistantHarness, FunctionsHarness, ReactHarness
 
 TASK = {
     "address": "priya@northwind.example",

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from orchard.claw import world as claw_world
-from orchard.claw.checks import Check, matches, robustness
 from orchard.errors import ConfigError
+from orchard.recipes.claw import world as claw_world
+from orchard.recipes.claw.checks import Check, matches, robustness
 from orchard.tasks.loading import load_tasks
 
 SETUP = {
@@ -105,7 +105,7 @@ def test_every_verb_is_a_tool_with_a_schema():
 
 @pytest.fixture
 def server(tmp_path):
-    """The real server (`orchard/claw/server.py`) as the sandbox runs it, on a free loopback port."""
+    """The real server (`orchard/recipes/claw/server.py`) as the sandbox runs it, on a free loopback port."""
     import socket
 
     with socket.socket() as probe:
@@ -311,7 +311,7 @@ def test_checks_need_their_fields():
 
 
 def test_a_judge_check_is_scored_by_a_model_whose_prompt_and_answer_are_kept(tmp_path, monkeypatch, chat_server):
-    from orchard.claw import task as claw_task
+    from orchard.recipes.claw import task as claw_task
 
     task = _task(tmp_path).model_copy()
     task = type(task).model_validate(
@@ -381,7 +381,7 @@ def test_a_task_that_cannot_grade_as_written_is_one_line_naming_it(tmp_path, cha
 def test_the_judges_last_score_counts_and_an_answer_without_one_scores_zero(
     tmp_path, monkeypatch, chat_server, answer, score
 ):
-    from orchard.claw import task as claw_task
+    from orchard.recipes.claw import task as claw_task
 
     task = _task(tmp_path, checks=[{"name": "tone", "type": "judge", "rubric": "Polite?"}], errors={})
     url, _ = chat_server(lambda messages: answer)

@@ -1,4 +1,4 @@
-"""The host's browser driver (`orchard.gui.browser`) on a real Chromium in a real `blocked` sandbox.
+"""The host's browser driver (`orchard.recipes.gui.browser`) on a real Chromium in a real `blocked` sandbox.
 
 Small pages are written into the sandbox as files and opened as `file://` (one is served by a
 stdlib HTTP server on the sandbox's loopback, for cookies); the host reaches the browser only
@@ -18,9 +18,9 @@ from collections.abc import Iterator
 import pytest
 
 from orchard.errors import InvalidRequest
-from orchard.gui import browser as browser_module
-from orchard.gui.browser import Browser, check_png
-from orchard.gui.cdp import BrowserError, BrowserTimeout
+from orchard.recipes.gui import browser as browser_module
+from orchard.recipes.gui.browser import Browser, check_png
+from orchard.recipes.gui.cdp import BrowserError, BrowserTimeout
 
 PAGES = "/tmp/pages"
 HTTP_PORT = 8765

@@ -14,8 +14,8 @@ import pytest
 from orchard.agents.base import FormatError, Reply, ToolCall
 from orchard.agents.loop import IMAGE_URL, in_context, load_images, run_episode, store_images
 from orchard.agents.models import ScriptedSession
-from orchard.gui.harnesses import BidHarness, ComputerHarness
-from orchard.gui.task import BrowserTask
+from orchard.recipes.gui.harnesses import BidHarness, ComputerHarness
+from orchard.recipes.gui.task import BrowserTask
 from orchard.tasks.base import Step
 
 PAGE = """<!doctype html><html><body style="margin:0">

@@ -54,15 +54,15 @@ from orchard.env.calls import TUNNEL_MAX_HEAD, AgentCalls
 from orchard.env.client import Sandbox
 from orchard.env.transport import AgentChannel
 from orchard.errors import AgentError, OrchardError
-from orchard.gui import browser as browser_module
-from orchard.gui import cdp as cdp_module
-from orchard.gui import task as gui_task
-from orchard.gui.browser import MAX_TABS, Browser
-from orchard.gui.cdp import BrowserError, BrowserTimeout, CDPConnection
-from orchard.gui.harnesses import OUTLINE_CHARS, BidHarness, ComputerHarness
-from orchard.gui.miniwob import MiniWobTask
-from orchard.gui.site import MAX_LOG
-from orchard.gui.task import BrowserTask, GuiTask, session_of
+from orchard.recipes.gui import browser as browser_module
+from orchard.recipes.gui import cdp as cdp_module
+from orchard.recipes.gui import task as gui_task
+from orchard.recipes.gui.browser import MAX_TABS, Browser
+from orchard.recipes.gui.cdp import BrowserError, BrowserTimeout, CDPConnection
+from orchard.recipes.gui.harnesses import OUTLINE_CHARS, BidHarness, ComputerHarness
+from orchard.recipes.gui.miniwob import MiniWobTask
+from orchard.recipes.gui.site import MAX_LOG
+from orchard.recipes.gui.task import BrowserTask, GuiTask, session_of
 from orchard.tasks.base import Grade, Step, task_sandbox
 from orchard.tasks.loading import load_tasks
 from orchard.tui.picture import half_blocks

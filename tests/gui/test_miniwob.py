@@ -18,9 +18,9 @@ from orchard.agents.models import ScriptedModel
 from orchard.cli import app
 from orchard.errors import ConfigError
 from orchard.eval.attempt import attempt
-from orchard.gui import miniwob
-from orchard.gui.miniwob import HTML, IMAGE, SCRIPTS, MiniWobTask, build_image, read_spec
-from orchard.gui.task import session_of
+from orchard.recipes.gui import miniwob
+from orchard.recipes.gui.miniwob import HTML, IMAGE, SCRIPTS, MiniWobTask, build_image, read_spec
+from orchard.recipes.gui.task import session_of
 from orchard.store import ResultRecord, RunRecord, session
 from orchard.tasks.base import task_sandbox
 from orchard.tasks.loading import load_tasks

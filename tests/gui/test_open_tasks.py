@@ -13,7 +13,7 @@ from sqlmodel import select
 from typer.testing import CliRunner
 
 from orchard.cli import app
-from orchard.gui.task import JUDGE_ENV
+from orchard.recipes.gui.task import JUDGE_ENV
 from orchard.store import ResultRecord, session
 
 OPEN = Path(__file__).resolve().parents[2] / "examples" / "gui" / "open-tasks.json"

@@ -20,7 +20,7 @@ from sqlmodel import select
 
 from orchard import store
 from orchard.eval.attempt import TaskPools
-from orchard.gui.browser import Browser, start_command
+from orchard.recipes.gui.browser import Browser, start_command
 from orchard.store import Store
 from orchard.tasks.base import TaskBase, sandbox_args, task_sandbox
 

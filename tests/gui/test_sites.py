@@ -1,4 +1,4 @@
-"""Orchard's offline sites (`examples/gui/sites/`) and their runtime (`orchard/gui/site.py`), on the host,
+"""Orchard's offline sites (`examples/gui/sites/`) and their runtime (`orchard/recipes/gui/site.py`), on the host,
 without a browser: each site served by the real server, started as the sandbox starts it (`python -S`,
 so the standard library only), and worked through its own HTML by `Tab`, a small stand-in for a browser
 that plays a task's abstract steps (click, write, select, press Enter, goto) over the parsed pages and
@@ -24,10 +24,20 @@ from urllib.parse import urlencode, urlsplit
 import httpx
 import pytest
 
-from orchard.claw.checks import Check
 from orchard.errors import ConfigError, InvalidRequest, TooLarge
-from orchard.gui import site as runtime
-from orchard.gui.site import MAX_BODY, MAX_LOG, MAX_LOG_BYTES, MAX_URL, Request, check_log, load_site, parse_log, replay
+from orchard.recipes.claw.checks import Check
+from orchard.recipes.gui import site as runtime
+from orchard.recipes.gui.site import (
+    MAX_BODY,
+    MAX_LOG,
+    MAX_LOG_BYTES,
+    MAX_URL,
+    Request,
+    check_log,
+    load_site,
+    parse_log,
+    replay,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SITES = ROOT / "examples" / "gui" / "sites"
@@ -648,7 +658,7 @@ def test_a_forged_log_too_deep_or_too_large_to_parse_is_refused():
 def test_a_site_module_that_defines_no_site_or_two_is_one_clear_error(tmp_path):
     (tmp_path / "none.py").write_text("X = 1\n")
     (tmp_path / "two.py").write_text(
-        "from orchard.gui.site import Site\nclass A(Site):\n    name = 'a'\nclass B(Site):\n    name = 'b'\n"
+        "from orchard.recipes.gui.site import Site\nclass A(Site):\n    name = 'a'\nclass B(Site):\n    name = 'b'\n"
     )
     for file, says in (
         ("none.py", "defines 0 Site subclasses"),

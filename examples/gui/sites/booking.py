@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime
 import re
 
-from orchard.gui.site import (
+from orchard.recipes.gui.site import (
     Refused,
     Response,
     Site,

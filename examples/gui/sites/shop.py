@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from orchard.gui.site import (
+from orchard.recipes.gui.site import (
     Refused,
     Response,
     Site,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from orchard.gui.site import Refused, Response, Site, errors_box, esc, form, hidden, route, text_field, textarea
+from orchard.recipes.gui.site import Refused, Response, Site, errors_box, esc, form, hidden, route, text_field, textarea
 
 LINK = re.compile(r"\[\[([^\]|]+)(?:\|([^\]]+))?\]\]")
 MAX_BODY = 20000

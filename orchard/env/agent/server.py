@@ -2553,15 +2553,23 @@ def _bind_unix(path: str) -> UnixAgentServer:
 
 
 def serve(config: AgentConfig, *, unix: str | None = None, tcp: tuple[str, int] | None = None) -> None:
-    """Serve until SIGTERM or SIGINT, then remove the Unix socket file."""
-    server = make_server(config, unix=unix, tcp=tcp)
+    """Serve until SIGTERM or SIGINT, then remove the Unix socket file. The stop is handled from
+    before the socket appears: one that comes while it is bound waits until it can be removed."""
 
     def stop(signum: int, frame: object) -> None:
         raise SystemExit(0)
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    stops = {signal.SIGTERM, signal.SIGINT}
+    for signum in stops:
         signal.signal(signum, stop)
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:
+        server = make_server(config, unix=unix, tcp=tcp)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        raise
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
         server.serve_forever(poll_interval=None)  # type: ignore[arg-type]
     finally:
         server.server_close()

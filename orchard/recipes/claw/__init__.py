@@ -1,4 +1,10 @@
-"""Orchard-Claw: a personal assistant (mail, calendar, to-dos, ...) graded on its actions."""
+"""Orchard-Claw: a personal assistant (mail, calendar, to-dos, ...) graded on its actions.
+
+`world` (the services' state and rules, standard library only) and `server` (them as a real HTTP
+server) run inside a task's sandbox as well as on the host; `checks` are the rule-based grading;
+`task` is the `claw` task kind, `claweval` the `claw-eval` kind (Claw-Eval's task folders), and
+`harnesses` its three harnesses (`functions`, `assistant`, `react`).
+"""
 
 from orchard.recipes import Recipe
 
@@ -6,13 +12,13 @@ RECIPE = Recipe(
     name="claw",
     title="Orchard-Claw",
     about="assistant tasks",
-    kinds={"claw": "orchard.claw.task:ClawTask", "claw-eval": "orchard.claw.claweval:ClawEvalTask"},
+    kinds={"claw": "orchard.recipes.claw.task:ClawTask", "claw-eval": "orchard.recipes.claw.claweval:ClawEvalTask"},
     harnesses={
-        "functions": "orchard.claw.harnesses:FunctionsHarness",
-        "assistant": "orchard.claw.harnesses:AssistantHarness",
-        "react": "orchard.claw.harnesses:ReactHarness",
+        "functions": "orchard.recipes.claw.harnesses:FunctionsHarness",
+        "assistant": "orchard.recipes.claw.harnesses:AssistantHarness",
+        "react": "orchard.recipes.claw.harnesses:ReactHarness",
     },
-    folders={"claw-eval": "orchard.claw.claweval:read_folder"},
+    folders={"claw-eval": "orchard.recipes.claw.claweval:read_folder"},
     example_tasks="claw/tasks.json",
     example_config="configs/claw-tiny.yaml",
 )

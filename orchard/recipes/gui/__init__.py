@@ -1,4 +1,11 @@
-"""Orchard-GUI: a browser agent working web pages from screenshots (or the page as text)."""
+"""Orchard-GUI: a browser agent working web pages from screenshots (or the page as text).
+
+Chromium runs inside a sandbox (the `orchard/browser` image, its network `blocked`); the host drives
+it over the DevTools protocol, carried by the sandbox's exec agent (`Sandbox.connect`), never
+through a host port: `cdp` is the protocol client and `browser` the `Browser` an agent acts on
+(clicks and keys at viewport coordinates, screenshots, tabs, the page's interactive elements).
+Everything the browser sends is the sandbox's, bounded and checked on the host.
+"""
 
 from orchard.recipes import Recipe
 
@@ -6,9 +13,12 @@ RECIPE = Recipe(
     name="gui",
     title="Orchard-GUI",
     about="browser tasks",
-    kinds={"gui": "orchard.gui.task:GuiTask", "miniwob": "orchard.gui.miniwob:MiniWobTask"},
-    harnesses={"computer": "orchard.gui.harnesses:ComputerHarness", "bid": "orchard.gui.harnesses:BidHarness"},
-    schemes={"miniwob": "orchard.gui.miniwob:read_spec"},
+    kinds={"gui": "orchard.recipes.gui.task:GuiTask", "miniwob": "orchard.recipes.gui.miniwob:MiniWobTask"},
+    harnesses={
+        "computer": "orchard.recipes.gui.harnesses:ComputerHarness",
+        "bid": "orchard.recipes.gui.harnesses:BidHarness",
+    },
+    schemes={"miniwob": "orchard.recipes.gui.miniwob:read_spec"},
     example_tasks="gui/tasks.json",
     example_config="configs/gui-tiny.yaml",
 )

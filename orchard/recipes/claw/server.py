@@ -2,7 +2,7 @@
 
     python3 server.py SETUP.json PORT READY_FILE
 
-Serves `orchard/claw/world.py`'s routes for the world `SETUP.json` describes, on 127.0.0.1:PORT
+Serves `orchard/recipes/claw/world.py`'s routes for the world `SETUP.json` describes, on 127.0.0.1:PORT
 (never another address: the host reaches it through the exec agent), and writes READY_FILE once
 it listens. Besides the services' routes, Orchard's own under `/_orchard/`: `GET log` (every call
 the services were asked, endpoint and arguments, in order: what the host replays to grade) and

@@ -37,7 +37,7 @@ Bounds on what the browser sends: a request line of `MAX_URL` bytes (414), a hea
 (415), no chunked bodies (411).
 
 Standard library only, for the sandbox's own Python (3.9 or newer), run with `-S`. A site module
-imports what it needs with `from orchard.gui.site import ...`; when this file runs as the server it
+imports what it needs with `from orchard.recipes.gui.site import ...`; when this file runs as the server it
 registers itself under that name first, so the same line works in the sandbox, where only this file
 and the site's are copied, and on the host.
 """
@@ -648,7 +648,7 @@ def _site_class(module) -> type:
 
 def main(argv: list) -> None:
     site_file, options = _options(argv)
-    sys.modules.setdefault("orchard.gui.site", sys.modules[__name__])
+    sys.modules.setdefault("orchard.recipes.gui.site", sys.modules[__name__])
     token = _token(options)
     site_class = _site_class(_module(site_file, "orchard_site"))
     with open(options["--data"], encoding="utf-8") as f:

@@ -4,7 +4,7 @@ A world is made from a task's fixtures and changed only by calls, `world.call(se
 -> (status, answer)`, each appended to its log. It is deterministic: the same fixtures and the same
 calls give the same answers, ids and final state, errors injected included (the n-th call of an
 endpoint fails or not by rule, never by chance). So the one world serves twice: inside a task's
-sandbox, behind a real HTTP server (`orchard/claw/server.py`), where the agent works it; and on the
+sandbox, behind a real HTTP server (`orchard/recipes/claw/server.py`), where the agent works it; and on the
 host, where the grader replays the calls the sandbox logged into a fresh world and reads the state
 that comes out. What the sandbox says the state is never counts, only the calls it was asked.
 

@@ -1,18 +1,18 @@
 """Browser tasks: what every kind whose agent works a web page shares, and the `gui` kind.
 
-`BrowserTask` is the base of the browser kinds (`gui` here, `miniwob` in `orchard.gui.miniwob`):
+`BrowserTask` is the base of the browser kinds (`gui` here, `miniwob` in `orchard.recipes.gui.miniwob`):
 its `start` starts what the pages need in the sandbox (`serve`), launches Chromium there
-(`orchard.gui.browser.Browser`, driven over CDP through the exec agent; the sandbox's network
+(`orchard.recipes.gui.browser.Browser`, driven over CDP through the exec agent; the sandbox's network
 stays `blocked`), opens the start page and hands the kind the loaded page (`on_load`); the
-harnesses (`orchard.gui.harnesses`: `computer` with screenshots, `bid` with element ids) find that
+harnesses (`orchard.recipes.gui.harnesses`: `computer` with screenshots, `bid` with element ids) find that
 browser with `session_of(box)`. `conclude` asks the kind for the submission (`finish`) and closes
 the browser's context. A URL the agent asks for is opened only when the task `allows` it: its own
 site, never `javascript:`, `data:`, `file:` of another folder, or the browser's own pages.
 
 A `gui` task is one of our offline sites (`examples/gui/sites/`: a shop, a wiki, a booking form):
-a small web app that runs inside the sandbox (`orchard.gui.site`) and again on the host, where the
+a small web app that runs inside the sandbox (`orchard.recipes.gui.site`) and again on the host, where the
 grade replays the site's log of requests into a fresh copy and checks its state (the claw check
-language, `orchard.claw.checks`): the order placed, the page edited, never the screenshot. The
+language, `orchard.recipes.claw.checks`): the order placed, the page edited, never the screenshot. The
 sandbox's word on state is never taken; what the log holds is (the agent has only the browser, and
 the log is behind a token the browser never sees). See `docs/gui.md`.
 """
@@ -33,14 +33,14 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from orchard.claw.checks import Check
 from orchard.errors import ConfigError, OrchardError
-from orchard.gui.site import MAX_LOG_BYTES
+from orchard.recipes.claw.checks import Check
+from orchard.recipes.gui.site import MAX_LOG_BYTES
 from orchard.tasks.base import Grade, Prepare, Step, TaskBase
 
 if TYPE_CHECKING:
     from orchard.env.client import Client, Sandbox
-    from orchard.gui.browser import Browser
+    from orchard.recipes.gui.browser import Browser
 
 SITE_PORT = 8000
 HOME = "/opt/orchard-gui"
@@ -96,9 +96,9 @@ class BrowserTask(TaskBase):
         raise NotImplementedError
 
     def sandbox_init(self) -> str | None:
-        """Chromium started for the task's viewport (`orchard.gui.browser.start_command`), so a
+        """Chromium started for the task's viewport (`orchard.recipes.gui.browser.start_command`), so a
         warm pool of its sandboxes holds browsers running already."""
-        from orchard.gui.browser import start_command
+        from orchard.recipes.gui.browser import start_command
 
         return start_command(self.viewport)
 
@@ -128,7 +128,7 @@ class BrowserTask(TaskBase):
         raise NotImplementedError
 
     def start(self, box: Sandbox) -> None:
-        from orchard.gui.browser import Browser
+        from orchard.recipes.gui.browser import Browser
 
         self.serve(box)
         browser = Browser.launch(box, viewport=self.viewport)
@@ -164,7 +164,7 @@ class BrowserTask(TaskBase):
 
 
 def _sites_folder() -> Path:
-    return Path(__file__).resolve().parents[2] / "examples" / "gui" / "sites"
+    return Path(__file__).resolve().parents[3] / "examples" / "gui" / "sites"
 
 
 class GuiTask(BrowserTask):
@@ -174,7 +174,7 @@ class GuiTask(BrowserTask):
         to the task file. `data` is what the site starts with (its catalogue, pages, slots); `start`
         the path the browser opens first; `checks` what must hold afterwards (`state` of a
         collection, `called` for a request, `answer` for the agent's `done` text). `solution` and `wrong`
-    are scripts of abstract browser steps (`orchard.gui.harnesses`), played as `scripted:solution` and
+    are scripts of abstract browser steps (`orchard.recipes.gui.harnesses`), played as `scripted:solution` and
     `scripted:wrong`."""
 
     kind: str = "gui"
@@ -193,7 +193,7 @@ class GuiTask(BrowserTask):
     def _site_file(cls, value: str, info: ValidationInfo) -> str:
         folder = (info.context or {}).get("folder")
         found = _find_site(value, Path(folder) if folder else None)
-        from orchard.gui.site import load_site
+        from orchard.recipes.gui.site import load_site
 
         load_site(found)  # a site that does not import is one error now, not one per attempt
         return str(found)
@@ -227,7 +227,7 @@ class GuiTask(BrowserTask):
         return f"http://127.0.0.1:{SITE_PORT}{self.start_path}"
 
     def serve(self, box: Sandbox) -> None:
-        from orchard.gui import site
+        from orchard.recipes.gui import site
 
         token = secrets.token_hex(16)
         _TOKENS[box.id] = token
@@ -248,7 +248,7 @@ class GuiTask(BrowserTask):
     def finish(self, box: Sandbox, browser: Browser | None, answer: str, screenshots: list[str]) -> str:
         """The site's log (read with the token the browser never saw) and the agent's answer; for an
         open task, the episode's last screenshots too (what the judge sees)."""
-        from orchard.gui.site import parse_log
+        from orchard.recipes.gui.site import parse_log
 
         token = _TOKENS.pop(box.id, "")
         try:
@@ -268,7 +268,7 @@ class GuiTask(BrowserTask):
         return json.dumps({"log": log, "answer": answer, **({"screenshots": screenshots} if self.judge else {})})
 
     def grade(self, client: Client | None, submission: str, image: str = "") -> Grade:
-        from orchard.gui.site import load_site, replay
+        from orchard.recipes.gui.site import load_site, replay
 
         try:
             parsed = json.loads(submission)
@@ -304,7 +304,7 @@ class GuiTask(BrowserTask):
         )
         prompt = JUDGE_PROMPT.format(task=self.prompt(), answer=answer.replace(">>>", "> > >")[:4000] or "(nothing)")
         content = [{"type": "text", "text": prompt}, *({"type": "image_url", "image_url": {"url": s}} for s in shots)]
-        from orchard.claw.task import _model
+        from orchard.recipes.claw.task import _model
 
         try:
             said = str(_model(spec, "the judge").complete([{"role": "user", "content": content}], None).content or "")

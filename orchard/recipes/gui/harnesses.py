@@ -12,7 +12,7 @@
   `fill(bid, text)`, `select_option(bid, value)`, `hover(bid)`, `press(keys)`, `scroll`,
   `goto(url)`, `go_back`, `wait`, `tab_focus`, `new_tab`, `tab_close`, `done(answer)`.
 
-Both drive the browser the task's `start` launched in the sandbox (`orchard.gui.task.session_of`),
+Both drive the browser the task's `start` launched in the sandbox (`orchard.recipes.gui.task.session_of`),
 through the exec agent; both refuse a URL the task does not allow (`BrowserTask.allows`: never
 `javascript:`, never another task's pages). The scripted model plays both from the same abstract
 steps (`click`/`write`/`select` on a CSS selector or a `{"js": ...}` expression, `press`,
@@ -35,8 +35,8 @@ from orchard.errors import ConfigError, InvalidRequest, OrchardError
 
 if TYPE_CHECKING:
     from orchard.env.client import Sandbox
-    from orchard.gui.browser import Browser, Element
-    from orchard.gui.task import Session
+    from orchard.recipes.gui.browser import Browser, Element
+    from orchard.recipes.gui.task import Session
 
 TEXT_ROLES = ("textbox", "searchbox", "spinbutton", "combobox")
 """Roles of the fields `write` and `fill` type into (`Element.role`)."""
@@ -196,7 +196,7 @@ class BrowserHarness(ToolCalling):
             _check_value(name, field, value, spec)
 
     def execute(self, action: Action, box: Sandbox, workdir: str) -> str:
-        from orchard.gui.task import session_of
+        from orchard.recipes.gui.task import session_of
 
         self._box = box
         session = session_of(box)
@@ -325,7 +325,7 @@ class BrowserHarness(ToolCalling):
             return self.call(index, "wait", {"seconds": arguments.get("seconds", 1)})
         if step.tool not in ("click", "write", "select", "hover"):
             raise ConfigError(f"a browser script has no step {step.tool!r}")
-        from orchard.gui.task import session_of
+        from orchard.recipes.gui.task import session_of
 
         if self._box is None:
             raise ConfigError("the scripted model played before the page was shown")
@@ -402,7 +402,7 @@ class ComputerHarness(BrowserHarness):
         return (min(point[0], GRID) * (width - 1) / GRID, min(point[1], GRID) * (height - 1) / GRID)
 
     def view(self, box: Sandbox) -> list[dict[str, Any]]:
-        from orchard.gui.task import session_of
+        from orchard.recipes.gui.task import session_of
 
         session = session_of(box)
         png = session.browser.screenshot()
@@ -415,7 +415,7 @@ class ComputerHarness(BrowserHarness):
     def target_call(self, index: int, tool: str, element: Element, text: str, thought: str) -> Reply:
         x, y, width, height = element.box
         assert self._box is not None
-        from orchard.gui.task import session_of
+        from orchard.recipes.gui.task import session_of
 
         vw, vh = session_of(self._box).browser.viewport
         point = [round((x + width / 2) * GRID / (vw - 1)), round((y + height / 2) * GRID / (vh - 1))]
@@ -513,7 +513,7 @@ class BidHarness(BrowserHarness):
         return found
 
     def view(self, box: Sandbox) -> list[dict[str, Any]]:
-        from orchard.gui.task import session_of
+        from orchard.recipes.gui.task import session_of
 
         browser = session_of(box).browser
         elements = {e.bid: e for e in browser.elements()}  # assigns the ids the outline shows

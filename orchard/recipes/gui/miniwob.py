@@ -63,12 +63,12 @@ from pydantic import Field, field_validator
 
 from orchard.config import settings
 from orchard.errors import ConfigError, ImageNotFound, OrchardError
-from orchard.gui.task import BrowserTask
+from orchard.recipes.gui.task import BrowserTask
 from orchard.tasks.base import Grade, Prepare, Step
 
 if TYPE_CHECKING:
     from orchard.env.client import Client, Sandbox
-    from orchard.gui.browser import Browser
+    from orchard.recipes.gui.browser import Browser
 
 Log = Callable[[str], None]
 

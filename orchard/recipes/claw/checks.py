@@ -11,7 +11,7 @@ A check is data in the task file, so a task set fetched from elsewhere never pic
 `status` is `any`); `state` counts the records of a collection that match `where`; `answer`
 matches the agent's final message to the user; `judge` (for what rules cannot decide: is the
 summary faithful, the reply polite) asks a model for a score in [0, 1] against its `rubric` (see
-`orchard.claw.task`: the model is `ORCHARD_CLAW_JUDGE`'s, and without one the check is left out of
+`orchard.recipes.claw.task`: the model is `ORCHARD_CLAW_JUDGE`'s, and without one the check is left out of
 the grade, which says so). `min` (default 1) and `max` bound the count. A
 pattern is a value (equal: strings case- and space-insensitively; against a list, any element)
 or one operator: `contains`, `startswith`, `endswith`, `regex` (search, case-insensitive), `in`

@@ -44,7 +44,7 @@ from typing import Any
 from orchard.env import images
 from orchard.env.client import Sandbox
 from orchard.errors import AgentError, InvalidRequest
-from orchard.gui.cdp import MAX_MESSAGE, BrowserError, BrowserTimeout, CDPConnection, CDPError
+from orchard.recipes.gui.cdp import MAX_MESSAGE, BrowserError, BrowserTimeout, CDPConnection, CDPError
 
 CDP_PORT = 9222
 """Chromium's DevTools port, on the sandbox's loopback only."""
