@@ -95,8 +95,8 @@ def example_repos(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def example_task(example_repos, base_image):
     """`example_task(instance_id)`: that example task and its image (built offline once)."""
+    from orchard.recipes.swe.environments import RepoMirror, task_image
     from orchard.tasks import load_tasks
-    from orchard.tasks.environments import RepoMirror, task_image
 
     mirror = RepoMirror(example_repos)
 

@@ -3,7 +3,7 @@
 * `build_base()` makes `orchard/base:<release>` (`RELEASES`: bullseye ships Python 3.9, bookworm
   3.11, trixie 3.13; bookworm is the default), a minimal Debian with python3, pytest, git, patch,
   bash and ca-certificates (enough to build and test Python repositories offline; task images put
-  a venv on top, `orchard.tasks.environments`): `debootstrap --variant=minbase` into a root
+  a venv on top, `orchard.recipes.swe.environments`): `debootstrap --variant=minbase` into a root
   filesystem kept under `settings().cache_dir / "rootfs"`, then `docker import` of that tree
   (45 s to 2 min the first time, per release; about 10 s from the cached tree). The image's
   labels say its release, Python and glibc versions (`base_facts`): task images pick wheels by

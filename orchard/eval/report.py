@@ -44,7 +44,7 @@ def _name(text: str) -> str:
 
 def write_attempt(folder: Path, task: TaskBase, grade: Grade, submission: str, details: dict[str, Any]) -> None:
     """An attempt's files in `folder` (made if missing): its submission, whole log, report and summary."""
-    from orchard.tasks.swe import SWETask
+    from orchard.recipes.swe.task import SWETask
 
     folder.mkdir(parents=True, exist_ok=True)
     if isinstance(task, SWETask):

@@ -8,6 +8,5 @@ A task file's records pick their kind with a `kind` field (`swe` when absent): a
 from orchard.tasks.base import Grade, Prepare, TaskBase, task_sandbox
 from orchard.tasks.kinds import KINDS, task_class
 from orchard.tasks.loading import load_tasks
-from orchard.tasks.swe import SWETask
 
-__all__ = ["KINDS", "Grade", "Prepare", "SWETask", "TaskBase", "load_tasks", "task_class", "task_sandbox"]
+__all__ = ["KINDS", "Grade", "Prepare", "TaskBase", "load_tasks", "task_class", "task_sandbox"]

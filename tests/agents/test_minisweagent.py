@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orchard.tasks.grading import grade_patch
+from orchard.recipes.swe.grading import grade_patch
 
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 

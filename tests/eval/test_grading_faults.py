@@ -8,7 +8,7 @@ from orchard.agents import harness_factory
 from orchard.agents.base import Reply
 from orchard.agents.loop import Limits, run_episode
 from orchard.agents.models import ModelError, ScriptedModel
-from orchard.tasks.grading import grade_in, grade_patch
+from orchard.recipes.swe.grading import grade_in, grade_patch
 
 
 @pytest.fixture(scope="module")

@@ -278,14 +278,14 @@ REFUSED = {
 
 @pytest.mark.parametrize("form", sorted(REFUSED))
 def test_every_header_form_that_names_a_file_is_read_on_the_host(form):
-    from orchard.tasks.grading import PatchRefused, read_patch
+    from orchard.recipes.swe.grading import PatchRefused, read_patch
 
     with pytest.raises(PatchRefused):
         read_patch(REFUSED[form])
 
 
 def test_what_a_patch_touches_and_adds(tasks):
-    from orchard.tasks.grading import read_patch
+    from orchard.recipes.swe.grading import read_patch
 
     patch = (
         "diff --git a/lib/a.py b/lib/b.py\nsimilarity index 90%\nrename from lib/a.py\nrename to lib/b.py\n"
@@ -301,7 +301,7 @@ def test_what_a_patch_touches_and_adds(tasks):
 
 
 def test_the_definition_of_test_infrastructure():
-    from orchard.tasks.infra import TaskInfra
+    from orchard.recipes.swe.infra import TaskInfra
 
     infra = [
         "tests/x.py",
@@ -326,7 +326,7 @@ def test_the_definition_of_test_infrastructure():
 
 
 def test_packaging_metadata_is_infrastructure_in_any_case():
-    from orchard.tasks.infra import is_infra
+    from orchard.recipes.swe.infra import is_infra
 
     # `importlib.metadata` matches `.dist-info` in any case: its entry points load pytest plugins
     for path in ("Evil.DIST-INFO/entry_points.txt", "src/x.Egg-Info/entry_points.txt", "x.egg/EGG-INFO/x", "A.PTH"):
@@ -432,7 +432,7 @@ def test_patches_that_slip_past_the_reader_do_not_forge_a_grade(
 
 
 def test_a_run_that_passes_in_the_report_but_exits_non_zero_is_not_resolved(client, example_task, example_repos):
-    from orchard.tasks.grading import grade_patch
+    from orchard.recipes.swe.grading import grade_patch
 
     task, image = example_task("orchard-examples__timecalc-1")
     init = (example_repos / "orchard-examples__timecalc" / "timecalc" / "__init__.py").read_text()
@@ -451,7 +451,7 @@ def test_a_run_that_passes_in_the_report_but_exits_non_zero_is_not_resolved(clie
 def test_tests_run_on_a_network_that_drops_packets(client, example_task, example_repos):
     """A test expecting a connection out to time out (as requests' `TestTimeout` does) passes where
     the grader runs it: no network, and connections out time out rather than fail at once."""
-    from orchard.tasks.grading import grade_patch
+    from orchard.recipes.swe.grading import grade_patch
 
     task, image = example_task("orchard-examples__timecalc-1")
     test = (
@@ -470,7 +470,7 @@ def test_tests_run_on_a_network_that_drops_packets(client, example_task, example
 
 
 def test_a_link_moved_out_of_the_tree_by_a_rename_is_refused(client, example_task):
-    from orchard.tasks.grading import grade_in
+    from orchard.recipes.swe.grading import grade_in
 
     task, image = example_task("orchard-examples__timecalc-1")
     rename = "diff --git a/deep/l b/l\nsimilarity index 100%\nrename from deep/l\nrename to l\n"
@@ -482,7 +482,7 @@ def test_a_link_moved_out_of_the_tree_by_a_rename_is_refused(client, example_tas
 
 
 def test_the_reset_never_reaches_through_a_link(client, example_task):
-    from orchard.tasks.grading import grade_in
+    from orchard.recipes.swe.grading import grade_in
 
     task, image = example_task("orchard-examples__timecalc-1")
     with client.create(image) as box:  # a link in the tree, and a patch naming a test file below it

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from orchard.errors import ConfigError, ImageNotFound
-from orchard.tasks import environments, repos, specs, wheelhouse
-from orchard.tasks.environments import (
+from orchard.recipes.swe import environments, specs
+from orchard.recipes.swe.environments import (
     choose_release,
     conda_requirement,
     environment_yml_requirements,
@@ -32,8 +32,9 @@ from orchard.tasks.environments import (
     swebench_image_name,
     task_image,
 )
+from orchard.recipes.swe.task import SWETask
+from orchard.tasks import repos, wheelhouse
 from orchard.tasks.repos import RepoMirror
-from orchard.tasks.swe import SWETask
 from orchard.tasks.wheelhouse import (
     MissingWheel,
     Project,

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from orchard.errors import ConfigError, InvalidRequest
-from orchard.tasks import SWETask, load_tasks
-from orchard.tasks.grading import touched_files
+from orchard.recipes.swe.grading import touched_files
+from orchard.recipes.swe.task import SWETask
+from orchard.tasks import load_tasks
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "tasks.jsonl"
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from orchard.tasks import specs
-from orchard.tasks.grading import RUNNER, read_report
-from orchard.tasks.grading import test_command as command
+from orchard.recipes.swe import specs
+from orchard.recipes.swe.grading import RUNNER, read_report
+from orchard.recipes.swe.grading import test_command as command
+from orchard.recipes.swe.task import SWETask
 from orchard.tasks.loading import load_tasks
-from orchard.tasks.swe import SWETask
 
 ROWS = Path(__file__).parent / "data" / "swe-bench-lite-7.jsonl"
 
@@ -177,7 +177,7 @@ def test_pytest_anywhere_in_a_test_command_runs_through_orchard_s_runner():
 
 
 def test_install_runs_again_only_where_the_tests_would_not_see_the_patch(tasks):
-    from orchard.tasks.grading import needs_reinstall
+    from orchard.recipes.swe.grading import needs_reinstall
 
     assert needs_reinstall(tasks["psf__requests-3362"], ["requests/models.py"])  # `pip install .`: a copy
     assert not needs_reinstall(tasks["pallets__flask-5063"], ["src/flask/cli.py"])  # editable
@@ -188,7 +188,7 @@ def test_swebench_leaves_logging_alone():
     """Some swebench modules call logging.basicConfig(level=INFO) at import; read through Orchard,
     they do not make every later HTTP request print a line."""
     script = (
-        "import logging; from orchard.tasks import specs; specs.test_directives('django/django', ''); "
+        "import logging; from orchard.recipes.swe import specs; specs.test_directives('django/django', ''); "
         "specs.log_parser('django/django'); specs.swebench_spec('django/django', '4.0'); "
         "print(logging.getLogger().handlers, logging.getLogger().level)"
     )

@@ -1,4 +1,9 @@
-"""Orchard-SWE: agents that fix real repository issues (SWE-bench), graded by the repository's tests."""
+"""Orchard-SWE: agents that fix real repository issues (SWE-bench), graded by the repository's tests.
+
+`task` is the `swe` kind (SWE-bench's schema), `specs` SWE-bench's knowledge of each repository
+(from its pinned package), `environments` the task images built offline, `grading` a patch judged
+by the task's tests in a fresh sandbox, and `infra` the test infrastructure no patch may change.
+"""
 
 from orchard.recipes import Recipe
 
@@ -6,7 +11,7 @@ RECIPE = Recipe(
     name="swe",
     title="Orchard-SWE",
     about="repository issues",
-    kinds={"swe": "orchard.tasks.swe:SWETask"},
+    kinds={"swe": "orchard.recipes.swe.task:SWETask"},
     harnesses={
         "bash": "orchard.agents.bash:BashHarness",
         "tools": "orchard.agents.tools:ToolsHarness",

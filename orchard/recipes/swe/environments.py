@@ -62,10 +62,10 @@ from packaging.utils import canonicalize_name
 
 from orchard.env import images
 from orchard.errors import ConfigError, ImageNotFound, SandboxError
+from orchard.recipes.swe.specs import Environment, swebench_module
+from orchard.recipes.swe.task import SWETask
 from orchard.tasks import repos
 from orchard.tasks.repos import RepoMirror, lock_for
-from orchard.tasks.specs import Environment, swebench_module
-from orchard.tasks.swe import SWETask
 from orchard.tasks.wheelhouse import (
     NAME,
     TOOLS,

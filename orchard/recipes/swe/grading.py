@@ -12,7 +12,7 @@ sandbox, before any `git` runs again (`check_applied`): the tree (`.git` include
 before and after applying, and the patch is refused when anything changed that it does not
 declare, or when any new or changed link points out of the tree or into `.git` (a link a rename
 moved, a mode spelling, a write through a link in the tree). Every path it touched that is test
-infrastructure (`orchard.tasks.infra`: tests, conftest.py, pytest's config files, packaging
+infrastructure (`orchard.recipes.swe.infra`: tests, conftest.py, pytest's config files, packaging
 metadata, the runner the test command names, not what the task's own fix changes) is reset to
 `base_commit`, or removed where `base_commit` has none, never through a link; then every file the
 test patch touches is reset too and the test patch applied on top. Git runs with hooks and
@@ -27,7 +27,7 @@ pytest imports after its import mode has put the root conftest's folder first (`
 ...) are imported before (`RUNNER`), so nothing in the tree can stand in for the runner or for
 them, and each test's status is read from a JUnit XML report written to a fresh random folder
 outside the working tree (`read_report`), which must agree with the runner's exit status. Other
-runners' output is read with SWE-bench's log parser for the repository (`orchard.tasks.specs`),
+runners' output is read with SWE-bench's log parser for the repository (`orchard.recipes.swe.specs`),
 which a test's own output can imitate. Compiled files in the tree (`__pycache__`, `*.pyc`: planted
 ones would be imported in place of their source) are deleted before the run. Resolved is
 SWE-bench's rule: every FAIL_TO_PASS and every PASS_TO_PASS test passed (PASSED or XFAIL) or was
@@ -61,14 +61,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from orchard.errors import InvalidRequest, NotFound, OrchardError
-from orchard.tasks import specs
+from orchard.recipes.swe import specs
+from orchard.recipes.swe.infra import TaskInfra
 from orchard.tasks.base import Grade as BaseGrade
 from orchard.tasks.base import task_sandbox
-from orchard.tasks.infra import TaskInfra
 
 if TYPE_CHECKING:
     from orchard.env.client import Client, Sandbox
-    from orchard.tasks.swe import SWETask
+    from orchard.recipes.swe.task import SWETask
 
 TestStatus = Literal["PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS", "MISSING"]
 

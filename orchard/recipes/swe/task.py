@@ -4,11 +4,11 @@ Fields are SWE-bench's (`instance_id`, `repo`, `base_commit`, `problem_statement
 `test_patch`, `FAIL_TO_PASS`, `PASS_TO_PASS`, `version`, `environment_setup_commit`, ...), exactly as
 the published datasets ship them: the test lists may be JSON strings, and `None` in an optional
 field means its default. How a task's image is made and its tests run is SWE-bench's spec for its
-repository and version (`orchard.tasks.specs`, from the `swebench` package); a row may override it
+repository and version (`orchard.recipes.swe.specs`, from the `swebench` package); a row may override it
 field by field:
 
 * `image`: a ready image that already holds the repository at `workdir` (SWE-bench's prebuilt
-  instance images, say); without it, Orchard builds one offline (`orchard.tasks.environments`);
+  instance images, say); without it, Orchard builds one offline (`orchard.recipes.swe.environments`);
 * `python`: the Python version the image needs (`3.9`);
 * `install`: shell commands that install the repository (no network at build time);
 * `test_cmd`: the command the grader runs, with the test directives appended;
@@ -18,7 +18,7 @@ Rows of repositories SWE-bench has no spec for run `python3 -m pytest -rA` on th
 Unknown fields are kept in `extra`, so a dataset round-trips.
 
 An attempt's submission is the working tree's diff (`working_tree_patch`), graded by the task's
-tests in a fresh sandbox (`orchard.tasks.grading`); progress mid-episode is the share of
+tests in a fresh sandbox (`orchard.recipes.swe.grading`); progress mid-episode is the share of
 FAIL_TO_PASS tests a diff makes pass. `scripted:gold` plays `gold_script`: look around, apply the
 gold patch, check, submit.
 """
@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, field_validator, model_validator
 
 from orchard.errors import OrchardError
-from orchard.tasks import specs
+from orchard.recipes.swe import specs
 from orchard.tasks.base import Prepare, Step, TaskBase
 
 if TYPE_CHECKING:
     from orchard.env.client import Client, Sandbox
-    from orchard.tasks.grading import Grade
+    from orchard.recipes.swe.grading import Grade
 
 DEFAULT_WORKDIR = "/testbed"
 DEFAULT_TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider"
@@ -187,7 +187,7 @@ class SWETask(TaskBase):
         )
 
     def sandbox_image(self, prepare: Prepare) -> str:
-        from orchard.tasks.environments import task_image
+        from orchard.recipes.swe.environments import task_image
 
         return task_image(self, prepare.mirror(), source=prepare.image_source)
 
@@ -200,8 +200,8 @@ class SWETask(TaskBase):
         return working_tree_patch(box, self.workdir)
 
     def grade(self, client: Client, submission: str, image: str, *, timeout: float | None = None) -> Grade:
-        from orchard.tasks.environments import image_warnings
-        from orchard.tasks.grading import DEFAULT_TEST_TIMEOUT, grade_patch
+        from orchard.recipes.swe.environments import image_warnings
+        from orchard.recipes.swe.grading import DEFAULT_TEST_TIMEOUT, grade_patch
 
         grade = grade_patch(client, self, submission, image, timeout=timeout or DEFAULT_TEST_TIMEOUT)
         try:  # the image is not what the task asked for (another Python, ...): said with every grade
@@ -250,7 +250,7 @@ def working_tree_patch(box: Sandbox, workdir: str) -> str:
     """Everything changed in the repository, untracked files included, as one git diff.
 
     It is what the sandbox answers, so it is untrusted: the agent may have replaced `git` there
-    and hand back any text. The grader reads every patch as such (`orchard.tasks.grading`)."""
+    and hand back any text. The grader reads every patch as such (`orchard.recipes.swe.grading`)."""
     try:
         result = box.exec(PATCH_SCRIPT, cwd=workdir, timeout=120)
     except OrchardError:

@@ -5,7 +5,7 @@ SWE-bench decides, per repository and version, which Python a task runs on, what
 tests run (`test_cmd` plus directives taken from the test patch) and how their log is read (one
 parser per repository). Orchard takes all of that from the package rather than restating it:
 `swebench_spec`, `test_directives`, `log_parser`. A task row may override `python`, `install`,
-`test_cmd` and `image` field by field (`orchard.tasks.swe.SWETask.environment`).
+`test_cmd` and `image` field by field (`orchard.recipes.swe.task.SWETask.environment`).
 
 Only its constants, test-spec helpers and log parsers are used, imported when a task first asks
 (its package imports its whole harness on the way: Docker builds, Modal, the dataset tools, ~2 s
@@ -105,7 +105,7 @@ def is_pytest(test_cmd: str) -> bool:
 @dataclass(frozen=True)
 class Environment:
     """How one task's image is made and its tests are run: SWE-bench's spec for its repository
-    and version, with the row's own fields on top (`orchard.tasks.swe.SWETask.environment`)."""
+    and version, with the row's own fields on top (`orchard.recipes.swe.task.SWETask.environment`)."""
 
     source: str
     """Where it came from, for logs and reports: `swebench 4.1.0 django/django 4.2`, or `row`."""
