@@ -404,7 +404,7 @@ class Service:
             pass
         else:
             event = self.ready.get(sandbox_id)
-            if event is not None and info.endpoint is not None:  # still wanted
+            if event is not None and info.endpoint is not None and sandbox_id not in self.agents:  # still wanted
                 self.agents[sandbox_id] = async_agent_http(info.endpoint)
         finally:
             self._starting -= 1
@@ -430,14 +430,14 @@ class Service:
         return self.describe(info)
 
     def _serve(self, info: SandboxInfo) -> None:
-        """Serve a live sandbox this service did not start (in a fleet: another replica did):
+        """In a fleet, serve a live sandbox another replica started, or saw ready before this one:
         connect to its agent, or wait for it to become ready as its creator would."""
         sandbox_id = info.sandbox_id
-        if self.manager.fleet is None or sandbox_id in self.agents or sandbox_id in self.ready or not info.endpoint:
+        if self.manager.fleet is None or sandbox_id in self.agents or not info.endpoint:
             return
-        if info.ready:
-            self.agents[sandbox_id] = async_agent_http(info.endpoint)
-        elif info.status == "pending":
+        if info.ready:  # also one this replica is still starting: another saw it ready first, and a client
+            self.agents[sandbox_id] = async_agent_http(info.endpoint)  # told so may come here next
+        elif info.status == "pending" and sandbox_id not in self.ready:
             self.ready[sandbox_id] = asyncio.Event()
             self._starting += 1
             self.spawn(self._become_ready(sandbox_id, max(60.0, info.spec.ttl)))
