@@ -252,9 +252,9 @@ def main() -> None:
     counts = COUNTS[:3] if args.quick else COUNTS
     turns_each = 10 if args.quick else 15
     print(f"load average at start: {_load()}  ({os.cpu_count()} CPUs)", flush=True)
-    from orchard.env.images import build_browser
+    from orchard.recipes.gui.image import build_image
 
-    image = build_browser()
+    image = build_image()
     task = next(t for t in load_tasks(ROOT / "examples/gui/tasks.json") if t.instance_id == TASK_ID)
     figures: dict[str, Any] = {"load_start": os.getloadavg()}
     started = time.perf_counter()

@@ -2,8 +2,8 @@
 
 Each area keeps its commands in its own `cli.py`: the environment (`orchard.env.cli`: up, down,
 status, image, sandbox, bench), evaluation (`orchard.eval.cli`: eval, collect), training
-(`orchard.train.cli`: train, model, demo), the store (`orchard.store.cli`: runs, trajectories) and
-the recording proxy (`orchard.proxy.cli`: proxy) and the dashboard (`orchard.tui.cli`: tui). What they share (one error style, plain help) is
+(`orchard.train.cli`: train, model, demo), the store (`orchard.store.cli`: runs), trajectories
+(`orchard.agents.cli`), the recording proxy (`orchard.proxy.cli`: proxy) and the dashboard (`orchard.tui.cli`: tui). What they share (one error style, plain help) is
 `orchard.clikit`. Heavy libraries (docker, httpx, fastapi, sqlalchemy, torch) are imported inside
 commands, so `orchard --help` stays fast.
 """
@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from orchard import __version__
+from orchard.agents import cli as agents_cli
 from orchard.clikit import Group
 from orchard.env import cli as env_cli
 from orchard.errors import EngineUnavailable
@@ -33,7 +34,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for area in (env_cli, eval_cli, train_cli, store_cli, proxy_cli, tui_cli):
+for area in (env_cli, eval_cli, train_cli, store_cli, agents_cli, proxy_cli, tui_cli):
     app.add_typer(area.app)
 
 

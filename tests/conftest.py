@@ -256,8 +256,8 @@ def chat_server() -> Iterator[Callable[[Callable[[list[dict[str, Any]]], str]], 
     """A real OpenAI-compatible chat server on loopback, for judges and simulated users played by a
     model: `chat_server(answer)` starts one, `answer(messages)` being each reply's text; returns its
     base URL and the bodies of the requests it gets. Each is stopped, and the model cache of judges
-    and users (`orchard.recipes.claw.task._MODELS`) cleared, when the test ends."""
-    from orchard.recipes.claw import task as claw_task
+    and users (`orchard.agents.models._ROLES`) cleared, when the test ends."""
+    from orchard.agents import models
 
     servers: list[ThreadingHTTPServer] = []
 
@@ -294,9 +294,9 @@ def chat_server() -> Iterator[Callable[[Callable[[list[dict[str, Any]]], str]], 
         servers.append(server)
         return f"http://127.0.0.1:{server.server_port}/v1", bodies
 
-    claw_task._MODELS.clear()
+    models._ROLES.clear()
     yield start
-    claw_task._MODELS.clear()
+    models._ROLES.clear()
     for server in servers:
         server.shutdown()
         server.server_close()

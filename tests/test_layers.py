@@ -2,16 +2,20 @@
 
 Every import counts: at the top of a module or inside a function, for type checking only or not
 (a lazy import is a dependency all the same). The source is read with `ast`, so nothing is
-imported to check it.
+imported to check it. Besides the layers: no part takes another's private names, and the
+shared layers name no recipe (they read the recipes' table, `orchard.recipes`).
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import itertools
+import re
 from pathlib import Path
 
 import orchard
+from orchard.recipes import recipes
 
 ROOT = Path(orchard.__file__).parent
 
@@ -68,28 +72,11 @@ def offending(importer: str, imported: str) -> list[str]:
     )
 
 
-def uses_typer(source: str) -> bool:
-    """Whether a module's text imports typer: then it is a module of commands."""
-    for node in ast.walk(ast.parse(source)):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-        if isinstance(node, ast.ImportFrom) and not node.level:
-            names = [node.module or ""]
-        if any(name.split(".")[0] == "typer" for name in names):
-            return True
-    return False
-
-
 @functools.cache
 def _area(module: str) -> str:
-    """The part of Orchard a module belongs to: its subpackage, or the top-level module itself.
-    Each recipe (`orchard.recipes.NAME`) is a part of its own, on the shared ones; the recipes'
-    table (`orchard.recipes` itself) is one they all read.
-
-    Modules of commands (those that use typer, such as `orchard/<area>/cli.py`) belong to the
-    CLI, the layer above all the others.
-    """
-    if module in MODULES and uses_typer(MODULES[module].read_text()):
-        return "orchard.cli"
+    """The part of Orchard a module belongs to: its subpackage (its `cli.py`, the commands, with
+    it), or the top-level module itself. Each recipe (`orchard.recipes.NAME`) is a part of its
+    own, on the shared ones; the recipes' table (`orchard.recipes` itself) is one they all read."""
     parts = module.split(".")
     return ".".join(parts[: 3 if parts[:2] == ["orchard", "recipes"] else 2])
 
@@ -150,8 +137,13 @@ def later():
     assert imported_modules("from .. import errors", "orchard.env.manager") == {"orchard.errors"}
     assert offending("orchard.env", "orchard.store") != []  # the manager records in the store: seen
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert uses_typer("def main():\n    import typer") and uses_typer("from typer.testing import CliRunner")
-    assert not uses_typer("import subprocess  # runs a CLI agent: not a module of commands")
+    assert private_imports(
+        "from orchard.env.client import _Public, Sandbox\nfrom .calls import _mine", "orchard.store.x"
+    ) == ["orchard.store.x imports _Public from orchard.env.client"]
+    assert private_imports("from orchard.env import client as c\nc._hidden()", "orchard.store.x") == [
+        "orchard.store.x uses c._hidden of orchard.env.client"
+    ]
+    assert private_imports("from orchard.env.client import _Mine", "orchard.env.manager") == []  # its own part
 
 
 def test_the_store_imports_nothing_from_the_environment_layer():
@@ -170,5 +162,110 @@ def test_evaluation_imports_nothing_from_training():
 
 
 def test_no_two_parts_of_orchard_import_each_other():
-    """Each part sits on the ones below it; the CLI (every module of commands) on them all."""
+    """Each part sits on the ones below it, its commands (`cli.py`) counted with it; only the root
+    command (`orchard.cli`) mounts them all."""
     assert cycles(area_imports()) == []
+
+
+def private_imports(source: str, module: str, *, package: bool = False) -> list[str]:
+    """Each name starting with `_` that `source` (the text of `module`) takes from another part of
+    Orchard: `from part import _name`, or `alias._name` of a module it imported from there."""
+    found: list[str] = []
+    bound: dict[str, str] = {}
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                line = f"from {'.' * node.level}{node.module or ''} import {alias.name}"
+                for target in imported_modules(line, module, package=package):
+                    if target.endswith(f".{alias.name}") and target in MODULES:
+                        bound[alias.asname or alias.name] = target
+                    elif (
+                        alias.name.startswith("_")
+                        and not alias.name.startswith("__")
+                        and _area(target) != _area(module)
+                    ):
+                        found.append(f"{module} imports {alias.name} from {target}")
+        elif isinstance(node, ast.Import):
+            bound.update({a.asname: a.name for a in node.names if a.asname and a.name.startswith("orchard.")})
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and isinstance(node.value, ast.Name)
+            and node.value.id in bound
+            and _area(bound[node.value.id]) != _area(module)
+        ):
+            found.append(f"{module} uses {node.value.id}.{node.attr} of {bound[node.value.id]}")
+    return found
+
+
+def test_no_part_takes_another_parts_private_names():
+    """What starts with `_` is its part's own: another part that needs it needs a public name."""
+    found = [
+        line
+        for module, path in MODULES.items()
+        for line in private_imports(path.read_text(), module, package=path.name == "__init__.py")
+    ]
+    assert found == []
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the string constants that are docstrings: a module's, class's or function's, and
+    an attribute's (a string right after an assignment)."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list) or not body:
+            continue
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+        for before, after in itertools.pairwise(body):
+            if isinstance(before, (ast.Assign, ast.AnnAssign)) and isinstance(after, ast.Expr):
+                found.add(id(after.value))  # an attribute's docstring (or a bare expression: no string)
+    return found
+
+
+def recipe_names_in(source: str, words: set[str]) -> list[str]:
+    """Where `source` names a recipe: an import of `orchard.recipes.NAME`, or a string (not a
+    docstring) holding one of `words` as a word of its own."""
+    pattern = re.compile(
+        r"(?<![\w./-])(" + "|".join(map(re.escape, sorted(words, key=len, reverse=True))) + r")(?![\w-])", re.I
+    )
+    tree = ast.parse(source)
+    docs = _docstrings(tree)
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"line {node.lineno}: imports {n}" for n in names if n.startswith("orchard.recipes.")]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            found += [f"line {node.lineno}: {m.group(0)!r}" for m in pattern.finditer(node.value)]
+    return found
+
+
+def test_the_shared_layers_name_no_recipe():
+    """Everything outside `orchard/recipes/NAME/` (and the table, `orchard/recipes/__init__.py`)
+    knows the recipes only through the table: no import of a recipe's modules, and no string that
+    names a recipe, its task kinds, folder formats, schemes, images or title (docstrings may give
+    them as examples)."""
+    words = {
+        word
+        for found in recipes().values()
+        for word in (found.name, found.title, *found.kinds, *found.folders, *found.schemes, *found.images)
+    }
+    assert recipe_names_in("from orchard.recipes.swe.task import SWETask\nkind = 'SWE'", {"swe"}) == [
+        "line 1: imports orchard.recipes.swe.task",
+        "line 2: 'SWE'",
+    ]
+    assert recipe_names_in('"""A swe task."""\nx = "mini-swe-agent, orchard.recipes.swe"', {"swe"}) == []
+    shared = {
+        module: path
+        for module, path in MODULES.items()
+        if not (_area(module).startswith("orchard.recipes.") or module == "orchard.recipes")
+    }
+    found = {module: lines for module, path in shared.items() if (lines := recipe_names_in(path.read_text(), words))}
+    assert found == {}

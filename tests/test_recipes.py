@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 from orchard import recipes as recipes_module
 from orchard.agents import HARNESSES
 from orchard.cli import app
+from orchard.env import IMAGES
+from orchard.env.images import image_builders
 from orchard.errors import ConfigError
 from orchard.recipes import Recipe, check_kinds, recipe, recipe_of_kind, recipes
 from orchard.tasks.kinds import KINDS
@@ -27,10 +29,16 @@ def test_the_shared_tables_are_the_recipes():
     assert FOLDERS == {"claw-eval": "orchard.recipes.claw.claweval:read_folder"}
     assert SCHEMES == {"miniwob": "orchard.recipes.gui.miniwob:read_spec"}
     assert recipe_of_kind("claw-eval") is recipe("claw") and recipe_of_kind("my.module:Task") is None
-    for found in recipes().values():  # its example files are where it says
-        assert (ROOT / "examples" / found.example_tasks).is_file() and (
-            ROOT / "examples" / found.example_config
-        ).is_file()
+    assert image_builders() == IMAGES | {
+        "claw-eval": "orchard.recipes.claw.claweval:build_image",
+        "browser": "orchard.recipes.gui.image:build_image",
+        "miniwob": "orchard.recipes.gui.miniwob:build_image",
+    }
+    for found in recipes().values():  # its example files are where it says, its images are ones we build
+        assert found.example is not None
+        assert (ROOT / "examples" / found.example.tasks).is_file()
+        assert (ROOT / "examples" / found.example.config).is_file()
+        assert set(found.example.images) <= set(image_builders())
 
 
 def test_two_recipes_claiming_one_name_is_an_error(monkeypatch: pytest.MonkeyPatch):
@@ -68,3 +76,16 @@ def test_train_refuses_a_config_of_another_recipe_in_one_line(orchard_home):
     assert not (orchard_home / "train").exists()  # refused before any stage made its folder
     listed = runner.invoke(app, ["train", "--help"]).output
     assert all(f"Run the {r.title} recipe ({r.about})" in listed for r in recipes().values())
+
+
+def test_image_build_takes_every_image_by_name(docker_client):
+    """`orchard image build NAME` builds the shared images and the recipes' by the names of the
+    table; an unknown name is one line listing them."""
+    built = runner.invoke(app, ["image", "build", "busybox"])
+    assert built.exit_code == 0, built.output
+    assert built.stdout == "orchard/busybox:static\n"
+    bad = runner.invoke(app, ["image", "build", "chrome"])
+    assert bad.exit_code == 1
+    assert bad.stderr == (
+        "error: unknown image 'chrome': use base, busybox, agent, claw-eval, browser, miniwob or module:Class\n"
+    )

@@ -549,6 +549,24 @@ def model_from_spec(
     return model
 
 
+_ROLES: dict[str, Any] = {}
+_roles_guard = threading.Lock()
+
+
+def role_model(spec: str, role: str, *, check: bool = True) -> ModelSession:
+    """The model playing `role` beside an agent (the judge of a grade, a simulated user), made once
+    per process and server (`OPENAI_BASE_URL`) and checked first unless `check` is False; a
+    ConfigError names the role. It answers `complete(messages, None)` for no task or harness."""
+    key = f"{spec} {os.environ.get('OPENAI_BASE_URL', '')}"
+    with _roles_guard:
+        if key not in _ROLES:
+            try:
+                _ROLES[key] = model_from_spec(spec, check=check).session(cast(Any, None), cast(Any, None))
+            except ConfigError as exc:
+                raise ConfigError(f"{role}'s model: {exc}") from None
+        return _ROLES[key]
+
+
 def check_model(model: Model, *, tools: bool = False) -> None:
     """The model's `preflight()`, where it has one (`preflight(tools=True)` when the run offers
     tools): an adapter of a server makes a request or two there and raises ConfigError, one line

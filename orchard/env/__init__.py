@@ -20,12 +20,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+IMAGES: dict[str, str] = {
+    "base": "orchard.env.images:build_base",
+    "busybox": "orchard.env.images:build_busybox",
+    "agent": "orchard.env.images:build_agent",
+}
+"""The images every recipe may use, by the name `orchard image build NAME` takes:
+`name -> "module:build"`. Each recipe adds its own (`orchard.recipes.Recipe.images`)."""
+
 if TYPE_CHECKING:
     from orchard.env.calls import ExecResult, FileInfo, HttpAnswer, PatchResult
     from orchard.env.client import AsyncClient, AsyncSandbox, Client, Exposure, Sandbox
     from orchard.env.manager import SandboxManager
 
 __all__ = [
+    "IMAGES",
     "AsyncClient",
     "AsyncSandbox",
     "Client",

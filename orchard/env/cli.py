@@ -18,12 +18,14 @@ import typer
 
 from orchard.clikit import command, group
 from orchard.config import BASE_IMAGE, private_file, private_folder, settings
+from orchard.env import IMAGES
 from orchard.env.backends import BACKENDS
 from orchard.errors import ConfigError, OrchardError
+from orchard.recipes import merged
 from orchard.registry import names
 
 app = group("The environment: the service, its sandboxes, base images.")
-image_app = group("Build base images offline (no registry needed).")
+image_app = group("Build images offline (no registry needed): the shared ones and the recipes'.")
 sandbox_app = group("Create, run and delete sandboxes of the running service (`orchard up`).")
 bench_app = group("Run benchmarks that print ratios against baselines measured in the same run.")
 app.add_typer(image_app, name="image")
@@ -337,34 +339,15 @@ def image_build_agent(
     typer.echo(images.build_agent(tag, force=force))
 
 
-@command(image_app, "build-browser")
-def image_build_browser(
+@command(image_app, "build")
+def image_build(
+    name: Annotated[str, typer.Argument(metavar="NAME", help=f"The image: {', '.join(IMAGES | merged('images'))}.")],
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
 ) -> None:
-    """Build the browser image GUI tasks run in: the base image with Debian's Chromium and fonts (no download)."""
+    """Build an image offline (or reuse it): the base, busybox and agent images, or one a recipe's tasks run in."""
     from orchard.env import images
 
-    typer.echo(images.build_browser(force=force, log=typer.echo))
-
-
-@command(image_app, "build-miniwob")
-def image_build_miniwob(
-    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
-) -> None:
-    """Build the MiniWoB++ image: the browser image with the pages of the PyPI package `miniwob`."""
-    from orchard.recipes.gui.miniwob import build_image
-
-    typer.echo(build_image(force=force, log=typer.echo))
-
-
-@command(image_app, "build-claw-eval")
-def image_build_claw_eval(
-    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
-) -> None:
-    """Build the image Claw-Eval task folders run in: the base image with FastAPI, uvicorn, pydantic, httpx, PyYAML."""
-    from orchard.recipes.claw.claweval import build_image
-
-    typer.echo(build_image(force=force, log=typer.echo))
+    typer.echo(images.build_image(name, force=force, log=typer.echo))
 
 
 # -- sandboxes ----------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from orchard import __version__
 from orchard.config import settings
 from orchard.env.bundle import Bundle, build_bundle, elf_interpreter
 from orchard.errors import ConfigError, EngineUnavailable
+from orchard.registry import load
 
 Log = Callable[[str], None]
 
@@ -235,19 +236,17 @@ def build_base(
     return tag
 
 
-BROWSER_TAG = "orchard/browser:bookworm"
-BROWSER_PACKAGES = ("chromium", "fonts-dejavu-core", "fonts-liberation")
-"""What the browser image adds to the base: Debian's Chromium (driven over CDP, no browser is
-downloaded) and fonts, so pages render the same in every sandbox."""
-CHROMIUM = "/usr/bin/chromium"
+def image_builders() -> dict[str, str]:
+    """Every image `orchard image build` makes: these and the recipes', `name -> "module:build"`."""
+    from orchard.env import IMAGES
+    from orchard.recipes import merged
+
+    return IMAGES | merged("images")
 
 
-def build_browser(
-    tag: str = BROWSER_TAG, *, force: bool = False, mirror: str | None = None, log: Log | None = None
-) -> str:
-    """Build (or reuse) the browser image: the bookworm base plus `BROWSER_PACKAGES` (about 900 MB,
-    a minute or two the first time). Chromium runs inside the sandbox, its network `blocked`."""
-    return build_base(tag, release=DEFAULT_RELEASE, force=force, mirror=mirror, log=log, extra=BROWSER_PACKAGES)
+def build_image(name: str, *, force: bool = False, log: Log | None = None) -> str:
+    """Build (or reuse) the image called `name` in `image_builders()`; return its tag."""
+    return str(load(image_builders(), name, "image")(force=force, log=log))
 
 
 def base_facts(labels: dict[str, str]) -> tuple[str, str] | None:
@@ -453,7 +452,7 @@ def _deb822_entries(text: str) -> Iterator[tuple[str, list[str]]]:
 # ---------------------------------------------------------------------------------------------
 
 
-def build_busybox(tag: str = "orchard/busybox:static", *, force: bool = False) -> str:
+def build_busybox(tag: str = "orchard/busybox:static", *, force: bool = False, log: Log | None = None) -> str:
     """Build (or reuse) an image holding only a static busybox and its applets; return `tag`."""
     with closing(docker_client()) as client, _build_lock(tag):
         if force or _image_id(client, tag) is None:
@@ -516,7 +515,9 @@ def agent_tag() -> str:
     return f"orchard/agent:{__version__}"
 
 
-def build_agent(tag: str | None = None, *, force: bool = False, bundle: Bundle | None = None) -> str:
+def build_agent(
+    tag: str | None = None, *, force: bool = False, bundle: Bundle | None = None, log: Log | None = None
+) -> str:
     """Build (or reuse) the injector image of `bundle` (default: this host's, `build_bundle()`);
     return its tag, `agent_tag()` unless `tag` is given.
 

@@ -15,11 +15,15 @@ import typer
 from orchard.agents import HARNESSES
 from orchard.clikit import command, group
 from orchard.errors import OrchardError
+from orchard.recipes import merged
 from orchard.registry import names
 
 app = group("Evaluation and collection.")
 
-TASKS_HELP = "Task set: JSON, JSONL, a folder (a dataset, Claw-Eval tasks), a hub id, or miniwob:NAMES|all."
+TASKS_HELP = (
+    f"Task set: JSON, JSONL, a folder (a dataset, or tasks in a format of {', '.join(merged('folders'))}), a hub id, "
+    f"or SCHEME:ARGUMENT for a set a package ships ({', '.join(merged('schemes'))})."
+)
 HARNESS_HELP = f"Harnesses, comma-separated: {names(HARNESSES, files=True)} (default: the task kind's own)."
 MODEL_HELP = "Models, comma-separated: scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME, hf:PATH or module:Class[:ARG]."
 CONFIG_HELP = "Read the settings from this YAML file instead of flags (keys: orchard/eval/config.py)."

@@ -1,10 +1,11 @@
 """What a run writes in its folder besides its JSON summaries: each attempt's files, and the
 Markdown report with PNG plots.
 
-Each attempt's files are in SWE-bench's layout (`logs/<instance_id>/`, `attempt_folder`):
-`patch.diff` (for kinds other than SWE, `submission.txt`), `test_output.txt` (the grader's whole
-log, up to `LOG_FILE_LIMIT`; the store keeps only its tail), `report.json` (for SWE, SWE-bench's
-per-instance report; for other kinds, the grade), and `run_instance.log` (the outcome and why).
+Each attempt's files are in SWE-bench's layout (`logs/<instance_id>/`, `attempt_folder`): the
+submission (its kind's `submission_file`: `patch.diff` for SWE, else `submission.txt`),
+`test_output.txt` (the grader's whole log, up to `LOG_FILE_LIMIT`; the store keeps only its
+tail), `report.json` (its kind's `attempt_report`: for SWE, SWE-bench's per-instance report; for
+other kinds, the grade), and `run_instance.log` (the outcome and why).
 A run that makes several attempts at a task (harnesses, samples) files each in a folder of its
 own below the task's, `<harness>-<sample>`. Every file is written whole or not at all.
 """
@@ -44,15 +45,9 @@ def _name(text: str) -> str:
 
 def write_attempt(folder: Path, task: TaskBase, grade: Grade, submission: str, details: dict[str, Any]) -> None:
     """An attempt's files in `folder` (made if missing): its submission, whole log, report and summary."""
-    from orchard.recipes.swe.task import SWETask
-
     folder.mkdir(parents=True, exist_ok=True)
-    if isinstance(task, SWETask):
-        _write(folder / "patch.diff", _bytes(submission))
-        report = swebench_instance_report(grade, submission)
-    else:
-        _write(folder / "submission.txt", _bytes(submission))
-        report = {key: value for key, value in details.items() if key not in ("log", "files")}
+    _write(folder / task.submission_file, _bytes(submission))
+    report = task.attempt_report(grade, submission, details)
     _write(folder / "test_output.txt", _bounded(_bytes(grade.log)))
     _write(folder / "report.json", (json.dumps(report, indent=2) + "\n").encode())
     lines: list[str] = []
@@ -63,28 +58,6 @@ def write_attempt(folder: Path, task: TaskBase, grade: Grade, submission: str, d
     lines += [f"suspicious: {reason}" for reason in grade.suspicious]
     lines += [f"warning: {warning}" for warning in grade.checks.get("warnings", [])]
     _write(folder / "run_instance.log", ("\n".join(lines) + "\n").encode())
-
-
-def swebench_instance_report(grade: Grade, submission: str) -> dict[str, Any]:
-    """SWE-bench's per-instance `report.json` for a SWE grade: did the patch exist, apply, resolve,
-    and each FAIL_TO_PASS and PASS_TO_PASS test's fate (when the tests ran)."""
-    tests: dict[str, str] = getattr(grade, "tests", {})
-    applied = grade.outcome in ("resolved", "unresolved", "timeout") or bool(tests)
-    report: dict[str, Any] = {
-        "patch_is_None": False,
-        "patch_exists": bool(submission.strip()),
-        "patch_successfully_applied": applied,
-        "resolved": grade.resolved,
-    }
-    if applied:
-        empty: dict[str, list[str]] = {"success": [], "failure": []}
-        report["tests_status"] = {
-            "FAIL_TO_PASS": getattr(grade, "fail_to_pass", empty),
-            "PASS_TO_PASS": getattr(grade, "pass_to_pass", empty),
-            "FAIL_TO_FAIL": empty,
-            "PASS_TO_FAIL": empty,
-        }
-    return {grade.instance_id: report}
 
 
 def _bytes(text: str) -> bytes:

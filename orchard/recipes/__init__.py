@@ -2,9 +2,10 @@
 
 A recipe (`orchard/recipes/NAME/`, exporting `RECIPE`) is everything the shared layers need to
 know about its domain: its task kinds, the harnesses its tasks are worked through, the task
-folder formats and `scheme:` sources it reads, its example tasks and config. `RECIPES` lists
-them. Task loading, the harness registry, `orchard train` and `orchard demo` read this table and
-name no recipe themselves. Every entry is a `module:Attr` string, so reading the table imports
+folder formats and `scheme:` sources it reads, the images it builds, its example (tasks, config,
+what the demo shows). `RECIPES` lists them. Task loading, the harness registry, `orchard image
+build`, `orchard train` and `orchard demo` read this table and name no recipe themselves;
+`docs/architecture.md` has the checklist for a new one. Every entry is a `module:Attr` string, so reading the table imports
 nothing heavy (`orchard --help` reads it).
 
 A new recipe is a folder with `RECIPE = Recipe(...)` in its `__init__.py` and one line in `RECIPES`.
@@ -26,6 +27,27 @@ RECIPES: dict[str, str] = {
 }
 """The recipes, by name: `name -> "module:RECIPE"`."""
 
+DEFAULT_KIND = "swe"
+"""The kind of a task record that names none (SWE-bench's rows have no `kind`)."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """What `orchard demo --recipe NAME` runs: the recipe's whole loop on its example tasks."""
+
+    tasks: str
+    """Its example task file (JSON list or JSONL), relative to the source checkout's `examples/`."""
+    config: str
+    """Its example recipe config, relative to `examples/`."""
+    images: tuple[str, ...] = ("base",)
+    """The images the demo builds first (names `orchard image build` takes)."""
+    prepare: str = ""
+    """`module:function`, called with the demo's config (a dict, from `config`) and the
+    `examples/` folder before the run: what the example needs besides its files (say, its
+    repositories made)."""
+    pass_k: bool = False
+    """Whether the demo's eval rows show pass^k beside each rate (a recipe graded on reliability)."""
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -42,14 +64,16 @@ class Recipe:
     harnesses: Mapping[str, str]
     """The harnesses it ships: `name -> "module:Class"`."""
     folders: Mapping[str, str] = field(default_factory=dict)
-    """Task sets laid out as folders of files, by format: `name -> "module:read_folder"` (see
-    `orchard.tasks.loading.FOLDERS`)."""
+    """Task sets laid out as folders of files, by format: `name -> "module:read_folder"`, where
+    `read_folder(path)` returns the folder's (where, record) pairs, or None when the folder is not
+    in its format (`orchard.tasks.loading.read_folder` asks each in turn)."""
     schemes: Mapping[str, str] = field(default_factory=dict)
     """Task sets named `scheme:argument`: `scheme -> "module:read_spec"`."""
-    example_tasks: str = ""
-    """Its example task file, relative to the source checkout's `examples/`."""
-    example_config: str = ""
-    """Its example recipe config (the demo's), relative to `examples/`."""
+    images: Mapping[str, str] = field(default_factory=dict)
+    """The images its tasks run in, by the name `orchard image build NAME` takes:
+    `name -> "module:build"`, `build(force=..., log=...)` returning the tag."""
+    example: Example | None = None
+    """Its example, for `orchard demo` and `orchard train`'s help."""
 
 
 @functools.cache
@@ -61,6 +85,7 @@ def recipes() -> dict[str, Recipe]:
         ("harnesses", "harness"),
         ("folders", "folder format"),
         ("schemes", "scheme"),
+        ("images", "image"),
     ):
         owners: dict[str, str] = {}
         for name, recipe in found.items():
@@ -80,7 +105,7 @@ def recipe(name: str) -> Recipe:
 
 
 def merged(part: str) -> dict[str, str]:
-    """One table of every recipe's `part` (`kinds`, `harnesses`, `folders`, `schemes`)."""
+    """One table of every recipe's `part` (`kinds`, `harnesses`, `folders`, `schemes`, `images`)."""
     return {key: value for recipe in recipes().values() for key, value in getattr(recipe, part).items()}
 
 
@@ -100,4 +125,14 @@ def check_kinds(name: str, kinds: Iterable[str], source: str) -> None:
         )
 
 
-__all__ = ["RECIPES", "Recipe", "check_kinds", "merged", "recipe", "recipe_of_kind", "recipes"]
+__all__ = [
+    "DEFAULT_KIND",
+    "RECIPES",
+    "Example",
+    "Recipe",
+    "check_kinds",
+    "merged",
+    "recipe",
+    "recipe_of_kind",
+    "recipes",
+]

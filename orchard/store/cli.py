@@ -1,4 +1,4 @@
-"""The store's commands: `orchard runs ls|show|rm` and `orchard trajectories export|import`.
+"""The store's commands: `orchard runs ls|show|rm`.
 
 SQLAlchemy is imported inside the commands, so `orchard --help` stays fast.
 """
@@ -6,7 +6,6 @@ SQLAlchemy is imported inside the commands, so `orchard --help` stays fast.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
@@ -14,11 +13,9 @@ import typer
 from orchard.clikit import command, group
 from orchard.errors import OrchardError
 
-app = group("The store: runs and trajectories.")
+app = group("The store: runs.")
 runs_app = group("List, show and delete the runs in the store: evaluations, collections, training stages.")
-trajectories_app = group("Export and import agent trajectories as JSONL (the Orchard dataset's shape).")
 app.add_typer(runs_app, name="runs")
-app.add_typer(trajectories_app, name="trajectories")
 
 RunKind = Literal["eval", "collect", "credit", "sft", "rl", "value", "bench", "proxy"]
 """The kinds of run: `eval` and `collect` (`orchard eval|collect`), the recipe's stages, benchmarks."""
@@ -64,26 +61,3 @@ def runs_rm(run_ids: Annotated[list[str], typer.Argument(metavar="RUN_ID", help=
             typer.echo(f"deleted {run_id}")
     if unknown:
         raise OrchardError(f"no run {', '.join(map(repr, unknown))}")
-
-
-@command(trajectories_app, "export")
-def trajectories_export(
-    out: Annotated[Path, typer.Argument(metavar="FILE", help="JSONL file to write.")],
-    run: Annotated[str | None, typer.Option(metavar="RUN_ID", help="Only this run's trajectories.")] = None,
-) -> None:
-    """Write trajectories (tools, messages, metadata with the verify status) as JSONL."""
-    from orchard.agents.trajectories import export_file
-
-    typer.echo(f"wrote {export_file(out, run_id=run)} trajectories to {out}")
-
-
-@command(trajectories_app, "import")
-def trajectories_import(
-    source: Annotated[Path, typer.Argument(metavar="FILE", help="JSONL file of trajectories.")],
-    run: Annotated[str | None, typer.Option(metavar="RUN_ID", help="File them under this run id.")] = None,
-) -> None:
-    """Read trajectories (ours, or the published Orchard dataset's) into the store."""
-    from orchard.agents.trajectories import import_file
-
-    imported, skipped = import_file(source, run_id=run)
-    typer.echo(f"imported {imported} trajectories" + (f" ({skipped} already in the store)" if skipped else ""))

@@ -363,7 +363,7 @@ def _rise_epsilon(db: Session, run_id: str | None) -> float | None:
 
     A pipeline stage's run stores the whole recipe, `credit` section included; a collect run stores
     the pipeline it belongs to, whose credit stage (run `<pipeline>-credit`, see
-    `orchard.train.swe`) assessed its trajectories.
+    `orchard.train.pipeline`) assessed its trajectories.
     """
     run = db.get(RunRecord, run_id) if run_id else None
     config = json.loads(run.config or "{}") if run is not None else {}

@@ -132,6 +132,8 @@ class TaskBase(BaseModel):
     """`Client.create` arguments for the task's sandboxes."""
     harnesses: ClassVar[tuple[str, ...]] = ("bash",)
     """The harnesses its tasks are worked through when a run names none."""
+    submission_file: ClassVar[str] = "submission.txt"
+    """The file an attempt's submission is written to in its run's folder (`orchard.eval.report`)."""
     vision: ClassVar[bool] = False
     """Whether its agents see images (a browser's screenshots): a recipe's student is then a
     vision-language model."""
@@ -160,6 +162,11 @@ class TaskBase(BaseModel):
 
     def sandbox_image(self, prepare: Prepare) -> str:
         raise NotImplementedError
+
+    def attempt_report(self, grade: Grade, submission: str, details: dict[str, Any]) -> dict[str, Any]:
+        """An attempt's `report.json` in its run's folder: the grade's details (`details`, the
+        attempt's record less its log and files)."""
+        return {key: value for key, value in details.items() if key not in ("log", "files")}
 
     def sandbox_init(self) -> str | None:
         """A shell command its sandboxes run once as they start, before one is handed over (a

@@ -22,15 +22,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchard.errors import ConfigError, InvalidRequest
-from orchard.recipes import merged
+from orchard.recipes import DEFAULT_KIND, merged
 from orchard.registry import load
 from orchard.tasks.base import TaskBase
 from orchard.tasks.kinds import KINDS, task_class
 
 FOLDERS: dict[str, str] = merged("folders")
 """Task sets laid out as folders of files, by format (the recipes'): `name -> "module:function"`, a function that
-takes the folder and returns its tasks' (where, record) pairs, each record of a kind of `KINDS`.
-A folder's format is known by its layout (`folder_format`); the reader is imported only then."""
+takes the folder and returns its tasks' (where, record) pairs, each record of a kind of `KINDS`,
+or None for a folder not in its format (`read_folder` asks each in turn)."""
 
 
 SCHEMES: dict[str, str] = merged("schemes")
@@ -38,11 +38,13 @@ SCHEMES: dict[str, str] = merged("schemes")
 function that takes the argument and returns the tasks' (where, record) pairs."""
 
 
-def folder_format(path: Path) -> str | None:
-    """The `FOLDERS` format of a folder, or None: `claw-eval` where a `task.yaml` is in the folder
-    (one task), in its subfolders (a tasks folder) or in those of its `tasks/` (Claw-Eval's root)."""
-    if (path / "task.yaml").is_file() or any(path.glob("*/task.yaml")) or any(path.glob("tasks/*/task.yaml")):
-        return "claw-eval"
+def read_folder(path: Path) -> Iterable[tuple[str, Any]] | None:
+    """The (where, record) pairs of a folder of one of the `FOLDERS` formats (the first whose reader
+    knows it), or None when none does."""
+    for name in FOLDERS:
+        records = load(FOLDERS, name, "task folder reader")(path)
+        if records is not None:
+            return records
     return None
 
 
@@ -54,10 +56,9 @@ def load_tasks(source: str | Path, *, split: str = "test", ids: Sequence[str] | 
         records = load(SCHEMES, scheme, "task set reader")(argument)
     elif path.is_file():
         records = read_records(path, "tasks", keys=("tasks", "instances"))
-    elif path.is_dir() and (layout := folder_format(path)) is not None:
-        records = load(FOLDERS, layout, "task folder reader")(path)
     elif path.is_dir():
-        records = _records_of_dataset_folder(path, split)
+        found = read_folder(path)
+        records = _records_of_dataset_folder(path, split) if found is None else found
     elif str(source).count("/") == 1 and not str(source).startswith((".", "/")):
         records = _records_of_hub(str(source), split)
     else:
@@ -150,7 +151,7 @@ def _validate(records: Iterable[tuple[str, Any]], source: str, folder: Path | No
     for where, record in records:
         if not isinstance(record, dict):
             raise ConfigError(f"{source}, {where}: a task must be a JSON object")
-        kind = str(record.get("kind") or "swe")
+        kind = str(record.get("kind") or DEFAULT_KIND)
         try:
             if folder is None and kind not in KINDS:
                 raise ConfigError(f"task kind {kind!r}: a dataset's rows may only name {', '.join(KINDS)}")

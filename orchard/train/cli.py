@@ -5,8 +5,6 @@ torch, transformers and TRL are imported inside the commands, so `orchard --help
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -16,7 +14,7 @@ import typer
 from orchard.clikit import command, group
 from orchard.config import settings
 from orchard.errors import OrchardError
-from orchard.recipes import recipe, recipes
+from orchard.recipes import RECIPES, recipe, recipes
 
 app = group("Training, and the models it starts from.")
 train_app = group("Train: a recipe end to end, or one of its stages on its own.")
@@ -28,7 +26,7 @@ app.add_typer(model_app, name="model")
 def _train_command(name: str) -> None:
     """`orchard train NAME --config FILE` for recipe `name`."""
     about = recipe(name)
-    example = f"examples/{about.example_config}" if about.example_config else "FILE"
+    example = f"examples/{about.example.config}" if about.example else "FILE"
 
     def train(config: Path) -> None:
         _train(name, config)
@@ -52,12 +50,12 @@ def _train(name: str, config: Path) -> None:
 
     from transformers.utils import logging as hf_logging
 
-    from orchard.train.swe import load_config, run_swe
+    from orchard.train.pipeline import load_config, run_recipe
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)  # deprecations inside transformers and TRL
-    summary = run_swe(load_config(config), recipe=name, log=lambda line: typer.echo(line, err=True))
+    summary = run_recipe(load_config(config), recipe=name, log=lambda line: typer.echo(line, err=True))
     if summary["main_process"]:
         typer.echo(f"policy: {summary['policy']}\nvalue model: {summary['value']['output_dir']}")
 
@@ -116,10 +114,8 @@ def demo(
     name: Annotated[
         str,
         typer.Option("--recipe", help=f"The recipe: {', '.join(f'{r.name} ({r.about})' for r in recipes().values())}."),
-    ] = "swe",
-    tasks: Annotated[
-        int, typer.Option(min=1, help="Example tasks to use (4 by default; swe has 15, claw 18, gui 19).")
-    ] = 4,
+    ] = next(iter(RECIPES)),
+    tasks: Annotated[int, typer.Option(min=1, help="Example tasks to use (4 by default).")] = 4,
     work_dir: Annotated[
         Path | None, typer.Option(metavar="DIR", help="Where models go (default $ORCHARD_HOME/demo).")
     ] = None,
@@ -135,51 +131,47 @@ def demo(
 
     from orchard.configfile import validated
     from orchard.env import images
-    from orchard.train.config import SWEConfig
-    from orchard.train.swe import run_swe
+    from orchard.registry import load
+    from orchard.train.config import RecipeConfig
+    from orchard.train.pipeline import run_recipe
 
-    if name not in recipes():
-        *others, last = recipes()
+    runnable = [r.name for r in recipes().values() if r.example]
+    if name not in runnable:
+        *others, last = runnable
         raise OrchardError(f"no recipe {name!r}: the demo runs {', '.join(others)} or {last}")
     about = recipe(name)
-    root = Path(__file__).resolve().parents[2]
-    examples = root / "examples"
-    task_file = examples / about.example_tasks
-    if not about.example_tasks or not task_file.is_file():
+    example = about.example
+    assert example is not None  # runnable
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    task_file = examples / example.tasks
+    if not task_file.is_file():
         raise OrchardError(f"the demo needs a source checkout's examples/ folder, not found at {examples}")
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)
     say = lambda line: typer.echo(line, err=True)  # noqa: E731
-    if name == "gui":
-        say("[demo] browser image (built offline once: a minute or two)")
-        images.build_browser()
-    else:
-        say("[demo] base image (built offline once)")
-        images.build_base()
-    data = yaml.safe_load((examples / about.example_config).read_text())
-    if name == "swe":
-        repos = settings().cache_dir / "example-repos"
-        subprocess.run(
-            [sys.executable, str(examples / "tasks" / "make_repos.py"), "--force", str(repos)],
-            check=True,
-            capture_output=True,
-        )
-        all_ids = [json.loads(line)["instance_id"] for line in task_file.read_text().splitlines() if line.strip()]
-        data.update(repos=str(repos))
-        data["eval"] = {"enabled": True, "harnesses": ["bash", "tools", "cli"], "samples": 2, "episode_steps": 3}
-    else:
-        all_ids = [task["instance_id"] for task in json.loads(task_file.read_text())]
+    for image in example.images:
+        say(f"[demo] {image} image (built offline once)")
+        images.build_image(image)
+    data = yaml.safe_load((examples / example.config).read_text())
+    if example.prepare:
+        load({}, example.prepare, "example")(data, examples)
+    text = task_file.read_text()
+    records = (
+        [json.loads(line) for line in text.splitlines() if line.strip()]
+        if task_file.suffix == ".jsonl"
+        else json.loads(text)
+    )
+    all_ids = [record["instance_id"] for record in records]
     chosen = (data["ids"] + [i for i in all_ids if i not in data["ids"]])[:tasks]
-    folder = work_dir or settings().home / "demo" / (f"tasks-{tasks}" if name == "swe" else f"{name}-{tasks}")
     data.update(
-        name=f"demo-{tasks}" if name == "swe" else f"demo-{name}-{tasks}",
+        name=f"demo-{name}-{tasks}",
         tasks=str(task_file),
         ids=chosen,
-        work_dir=str(folder),
+        work_dir=str(work_dir or settings().home / "demo" / f"{name}-{tasks}"),
     )
     started = time.monotonic()
-    summary = run_swe(validated(SWEConfig, data, base=examples / "configs"), recipe=name, log=say)
+    summary = run_recipe(validated(RecipeConfig, data, base=examples / "configs"), recipe=name, log=say)
     table = Table(title=f"{about.title} demo: {len(chosen)} tasks, {time.monotonic() - started:.0f} s")
     table.add_column("stage")
     table.add_column("result")
@@ -205,7 +197,7 @@ def demo(
     k = data["eval"]["samples"]
     for label in ("before", "after"):
         cells = ", ".join(
-            f"{h} {r:.0%}" + (f" (pass^{k} {evaluated['pass'][label][h]['pass^k']:.0%})" if name == "claw" else "")
+            f"{h} {r:.0%}" + (f" (pass^{k} {evaluated['pass'][label][h]['pass^k']:.0%})" if example.pass_k else "")
             for h, r in evaluated["matrix"][label].items()
         )
         table.add_row(

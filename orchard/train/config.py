@@ -1,7 +1,7 @@
 """The training configs: one per stage, each taken as it is by the function that runs the stage.
 
-`SFTConfig` by `train_sft`, `RLConfig` by `train_rl`, `ValueConfig` by `train_value`; `SWEConfig`,
-the recipe of `orchard train swe --config FILE`, is made of them and of `StudentConfig`,
+`SFTConfig` by `train_sft`, `RLConfig` by `train_rl`, `ValueConfig` by `train_value`; `RecipeConfig`,
+the recipe of `orchard train RECIPE --config FILE`, is made of them and of `StudentConfig`,
 `CollectConfig`, `CreditConfig` and `EvalStageConfig`. The YAML file, the CLI and code build the
 same models, so each setting has one name, one default and one description (the field's).
 
@@ -207,8 +207,8 @@ class EvalStageConfig(ConfigModel):
     episode_steps: int = Field(default=EPISODE_STEPS, ge=1, description="turns per episode")
 
 
-class SWEConfig(ConfigModel):
-    """The Orchard-SWE recipe: collect -> credit -> sft -> rl -> value [-> eval]."""
+class RecipeConfig(ConfigModel):
+    """A recipe (any of `orchard.recipes`): collect -> credit -> sft -> rl -> value [-> eval]."""
 
     name: str = Field(min_length=1, description="the recipe's name; its stages are runs NAME-credit, NAME-sft, ...")
     tasks: Source = Field(description="task set: a JSON or JSONL file, a dataset folder or a hub id")

@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from orchard.agents.loop import Limits, record_verdict, save_episode
 from orchard.agents.models import ModelError, TransformersModel
-from orchard.agents.vision import holds_image_processor, load_processor
 from orchard.errors import ConfigError, OrchardError
 from orchard.eval.attempt import TaskPools, attempt
 from orchard.store import Store
@@ -45,6 +44,7 @@ from orchard.train import lora_config, quiet, save_trained, shared_args
 from orchard.train.bar import Rollout, balanced_rollout
 from orchard.train.config import RLConfig
 from orchard.train.sft import assistant_spans
+from orchard.train.student import student_at
 
 if TYPE_CHECKING:
     from orchard.agents.models import Model
@@ -311,7 +311,7 @@ def train_rl(
     import os
 
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -346,20 +346,10 @@ def train_rl(
         **shared_args(),
     )
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    vision = holds_image_processor(model_path)
-    if vision:
-        from orchard.agents import harness_factory
-
-        shown = [h for h in config.harnesses if getattr(harness_factory(h)(), "keep_images", None) is not None]
-        if shown:
-            raise ConfigError(
-                f"rl.harnesses {', '.join(shown)} show screenshots, which RL rollouts cannot carry yet "
-                "(the policy's log-probabilities are taken from text): use a text harness such as bid"
-            )
-    from transformers import AutoModelForImageTextToText
-
+    student = student_at(model_path)
+    student.check_rl_harnesses(config.harnesses)
     trainer = GRPOTrainer(
-        model=(AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(model_path),
+        model=student.auto_class().from_pretrained(model_path),
         reward_funcs=cast(Any, reward_from_rollout),
         args=args,
         train_dataset=dataset,
@@ -376,8 +366,8 @@ def train_rl(
         if rollouts.vllm is not None:
             rollouts.vllm.close()
     save_trained(trainer, output_dir)
-    if vision and trainer.accelerator.is_main_process:  # the policy stays a vision-language model
-        load_processor(model_path).image_processor.save_pretrained(output_dir)
+    if trainer.accelerator.is_main_process:
+        student.save_beside(output_dir)
     logged = [e for e in trainer.state.log_history if "loss" in e]
     return {
         "steps": trainer.state.global_step,

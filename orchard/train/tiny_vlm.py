@@ -70,12 +70,17 @@ CHAT_TEMPLATE = _with_images(tiny.CHAT_TEMPLATE)
 
 
 def default_corpus() -> list[str]:
-    """The tiny text model's corpus and the browser harnesses' prompts and tools."""
-    from orchard.recipes.gui import harnesses
+    """The tiny text model's corpus and the prompts and tools of every harness that shows the model
+    a live page (one with an `opening`, `orchard.agents.base.Harness`): a browser's."""
+    from orchard.agents import HARNESSES, harness_factory
 
-    texts = [harnesses.COMPUTER_SYSTEM, harnesses.BID_SYSTEM]
-    texts += [json.dumps(harnesses.COMPUTER_TOOLS), json.dumps(harnesses.BID_TOOLS)]
-    return tiny.default_corpus() + texts
+    texts = tiny.default_corpus()
+    for name in HARNESSES:
+        make = harness_factory(name)
+        if hasattr(make, "opening"):
+            harness = make()
+            texts += [harness.system_prompt({}), json.dumps(harness.tools())]
+    return texts
 
 
 def build_tiny_vlm(

@@ -127,7 +127,7 @@ def test_a_bad_task_yaml_is_one_line_naming_the_file_and_field(tmp_path, orchard
 
 
 def test_the_sandbox_holds_the_services_and_the_tasks_files_but_not_its_grader(client, image):
-    built = runner.invoke(app, ["image", "build-claw-eval"])
+    built = runner.invoke(app, ["image", "build", "claw-eval"])
     assert built.exit_code == 0 and built.output == f"{image}\n"  # built once, by content: the same image
     task = tasks()["N03_todo_dedupe"]
     with client.create(image) as box:

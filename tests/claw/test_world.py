@@ -16,7 +16,7 @@ import pytest
 
 from orchard.errors import ConfigError
 from orchard.recipes.claw import world as claw_world
-from orchard.recipes.claw.checks import Check, matches, robustness
+from orchard.tasks.checks import Check, matches, robustness
 from orchard.tasks.loading import load_tasks
 
 SETUP = {

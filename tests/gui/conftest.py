@@ -12,9 +12,9 @@ import pytest
 def browser_image(docker_client) -> str:
     """The browser image (the bookworm base, Debian's Chromium, fonts), built once if missing;
     CI builds it too, never skips."""
-    from orchard.env import images
+    from orchard.recipes.gui.image import build_image
 
-    return images.build_browser()
+    return build_image()
 
 
 @pytest.fixture(scope="module")

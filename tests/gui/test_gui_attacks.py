@@ -242,7 +242,9 @@ class AttackPages(BrowserTask):
     steps: list[dict[str, Any]] = []
 
     def sandbox_image(self, prepare: Any) -> str:
-        return images.build_browser()
+        from orchard.recipes.gui.image import build_image
+
+        return build_image()
 
     def start_url(self) -> str:
         return f"{ORIGIN if self.http else 'file://' + FOLDER}/{self.first}"

@@ -25,7 +25,6 @@ import httpx
 import pytest
 
 from orchard.errors import ConfigError, InvalidRequest, TooLarge
-from orchard.recipes.claw.checks import Check
 from orchard.recipes.gui import site as runtime
 from orchard.recipes.gui.site import (
     MAX_BODY,
@@ -38,6 +37,7 @@ from orchard.recipes.gui.site import (
     parse_log,
     replay,
 )
+from orchard.tasks.checks import Check
 
 ROOT = Path(__file__).resolve().parents[2]
 SITES = ROOT / "examples" / "gui" / "sites"

@@ -10,8 +10,8 @@ from pydantic import Field
 
 from orchard.configfile import ConfigModel, validated
 from orchard.errors import ConfigError
-from orchard.train.config import RLConfig, SWEConfig
-from orchard.train.swe import load_config
+from orchard.train.config import RecipeConfig, RLConfig
+from orchard.train.pipeline import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,20 +58,20 @@ def test_path_mistakes_name_the_key(orchard_home, tmp_path, monkeypatch):
         ConfigError, match=r"^here: repos: .*/nope is not a folder; work_dir: \$NO_SUCH_FOLDER is not set$"
     ):
         validated(
-            SWEConfig, {"name": "x", "tasks": "t", "work_dir": "$NO_SUCH_FOLDER/w", "repos": "nope"}, where="here"
+            RecipeConfig, {"name": "x", "tasks": "t", "work_dir": "$NO_SUCH_FOLDER/w", "repos": "nope"}, where="here"
         )
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
-    with pytest.raises(ConfigError, match=r"a config is a mapping of keys, see orchard\.train\.config\.SWEConfig"):
+    with pytest.raises(ConfigError, match=r"a config is a mapping of keys, see orchard\.train\.config\.RecipeConfig"):
         load_config(empty)
 
 
 def test_rl_config_builds_the_bar_config_and_refuses_an_impossible_one():
     assert RLConfig(group_size=2, max_rollouts=4, stride=2).bar.positive_counts() == [1]
     with pytest.raises(ConfigError, match="rl: need 1 <= group_size <= max_rollouts"):
-        validated(SWEConfig, {"name": "x", "tasks": "t", "rl": {"group_size": 20}})
+        validated(RecipeConfig, {"name": "x", "tasks": "t", "rl": {"group_size": 20}})
     with pytest.raises(ConfigError, match="credit: estimator judge needs judge"):
-        validated(SWEConfig, {"name": "x", "tasks": "t", "credit": {"estimator": "judge"}})
+        validated(RecipeConfig, {"name": "x", "tasks": "t", "credit": {"estimator": "judge"}})
 
 
 def test_a_config_field_without_a_description_does_not_import():
@@ -86,9 +86,9 @@ def test_every_section_is_a_strict_config_model():
     """Every section of the recipe forbids unknown keys and documents its fields (checked at import)."""
     from pydantic import BaseModel
 
-    nested = [f.annotation for f in SWEConfig.model_fields.values()]
-    sections = [SWEConfig] + [t for t in nested if isinstance(t, type) and issubclass(t, BaseModel)]
+    nested = [f.annotation for f in RecipeConfig.model_fields.values()]
+    sections = [RecipeConfig] + [t for t in nested if isinstance(t, type) and issubclass(t, BaseModel)]
     assert len(sections) == 8 and all(issubclass(s, ConfigModel) for s in sections)
     assert all(s.model_config.get("extra") == "forbid" for s in sections)
     with pytest.raises(ConfigError, match=r"^f.yaml: student.paht: unknown key \(did you mean path\?\)$"):
-        validated(SWEConfig, {"name": "x", "tasks": "t", "student": {"paht": "m"}}, where="f.yaml")
+        validated(RecipeConfig, {"name": "x", "tasks": "t", "student": {"paht": "m"}}, where="f.yaml")

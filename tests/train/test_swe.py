@@ -214,11 +214,11 @@ def test_a_failure_on_the_main_process_stops_every_process(orchard_home, base_im
 def test_a_stage_stopped_by_a_signal_is_interrupted_and_a_crash_failed(orchard_home, raised, status):
     """SIGTERM (a launcher stopping the processes, `kill`) arrives as SystemExit; an error is a failure."""
     from orchard.store.runs import get_run
-    from orchard.train.config import SWEConfig
+    from orchard.train.config import RecipeConfig
     from orchard.train.launch import Launch
-    from orchard.train.swe import _stage
+    from orchard.train.pipeline import _stage
 
-    config = SWEConfig(name="p", tasks="t.jsonl", work_dir=str(orchard_home / "w"))
+    config = RecipeConfig(name="p", tasks="t.jsonl", work_dir=str(orchard_home / "w"))
 
     def body(_run: str) -> dict:
         raise raised

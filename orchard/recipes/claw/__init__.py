@@ -6,7 +6,7 @@ server) run inside a task's sandbox as well as on the host; `checks` are the rul
 `harnesses` its three harnesses (`functions`, `assistant`, `react`).
 """
 
-from orchard.recipes import Recipe
+from orchard.recipes import Example, Recipe
 
 RECIPE = Recipe(
     name="claw",
@@ -19,6 +19,6 @@ RECIPE = Recipe(
         "react": "orchard.recipes.claw.harnesses:ReactHarness",
     },
     folders={"claw-eval": "orchard.recipes.claw.claweval:read_folder"},
-    example_tasks="claw/tasks.json",
-    example_config="configs/claw-tiny.yaml",
+    images={"claw-eval": "orchard.recipes.claw.claweval:build_image"},
+    example=Example(tasks="claw/tasks.json", config="configs/claw-tiny.yaml", pass_k=True),
 )

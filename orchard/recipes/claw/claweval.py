@@ -9,7 +9,7 @@ reads them from the root, its `tasks/` folder or one task's folder (`read_folder
 Orchard supports of it.
 
 * **Sandbox.** The image is the base image with FastAPI, uvicorn, pydantic, httpx and PyYAML in a
-  venv (`build_image`, built offline once, `orchard image build-claw-eval`). `start` copies the
+  venv (`build_image`, built offline once, `orchard image build claw-eval`). `start` copies the
   root's `mock_services/` and the task's folder (as `tasks/<id>/`, without `grader.py` and the
   grader's hidden files) to `HOME`, the task's `sandbox_files` to the workdir, and starts each
   service there with its own `command` (`python` is the sandbox's), its `env` and `PORT`, then
@@ -171,10 +171,10 @@ def parse_definition(data: Any, where: str) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-def read_folder(path: Path) -> list[tuple[str, dict[str, Any]]]:
+def read_folder(path: Path) -> list[tuple[str, dict[str, Any]]] | None:
     """(where, record) of every Claw-Eval task under `path`: a root (its `tasks/*/task.yaml`), a
     tasks folder (its `*/task.yaml`) or one task's folder (its `task.yaml`), sorted by folder
-    name. Each `task.yaml` is checked here (`parse_definition`), with its `grader.py` and the
+    name; None when none of those places holds a `task.yaml` (not Claw-Eval's layout). Each `task.yaml` is checked here (`parse_definition`), with its `grader.py` and the
     service scripts its commands name; a wrong one is a ConfigError naming the file, in one line."""
     path = Path(path).resolve()
     if (path / "task.yaml").is_file():
@@ -182,6 +182,8 @@ def read_folder(path: Path) -> list[tuple[str, dict[str, Any]]]:
     else:
         tasks = path / "tasks" if any((path / "tasks").glob("*/task.yaml")) else path
         folders = sorted((p.parent for p in tasks.glob("*/task.yaml")), key=lambda p: p.name)
+    if not folders:
+        return None
     return [(str(folder / "task.yaml"), _record(folder)) for folder in folders]
 
 
@@ -390,7 +392,9 @@ class ClawEvalTask(TaskBase):
         if not user.enabled or not spec or rounds > user.max_rounds:
             return None
         suffix = f"\n\n{user.system_prompt_suffix}" if user.system_prompt_suffix else ""
-        answer = _model(spec, "the simulated user").complete(
+        from orchard.agents.models import role_model
+
+        answer = role_model(spec, "the simulated user", check=False).complete(
             [
                 {"role": "system", "content": USER_PROMPT.format(persona=user.persona, suffix=suffix)},
                 *({"role": "assistant" if m["role"] == "user" else "user", "content": m["content"]} for m in dialogue),
@@ -852,31 +856,14 @@ def _failure(exc: BaseException, judge: Any) -> str:
     return f"grader.py: {line}"
 
 
-_MODELS: dict[str, Any] = {}
-_models_guard = threading.Lock()
-
-
-def _model(spec: str, role: str) -> Any:
-    """The model playing `role` (the judge, the simulated user), made once per process and server
-    (`OPENAI_BASE_URL`)."""
-    key = f"{spec} {os.environ.get('OPENAI_BASE_URL', '')}"
-    with _models_guard:
-        if key not in _MODELS:
-            from orchard.agents.models import model_from_spec
-
-            try:
-                _MODELS[key] = model_from_spec(spec, check=False)
-            except ConfigError as exc:
-                raise ConfigError(f"{role}'s model: {exc}") from None
-        return _MODELS[key]
-
-
 def _judge() -> Any:
     """An `LLMJudge` over the model `ORCHARD_CLAW_JUDGE` names, or None when it names none."""
     spec = os.environ.get(JUDGE_ENV)
     if not spec:
         return None
-    model = _model(spec, "the judge")
+    from orchard.agents.models import role_model
+
+    model = role_model(spec, "the judge", check=False)
 
     def chat(messages: list[dict[str, Any]]) -> str:
         return str(model.complete(messages, None).content or "")

@@ -7,7 +7,7 @@ through a host port: `cdp` is the protocol client and `browser` the `Browser` an
 Everything the browser sends is the sandbox's, bounded and checked on the host.
 """
 
-from orchard.recipes import Recipe
+from orchard.recipes import Example, Recipe
 
 RECIPE = Recipe(
     name="gui",
@@ -19,6 +19,6 @@ RECIPE = Recipe(
         "bid": "orchard.recipes.gui.harnesses:BidHarness",
     },
     schemes={"miniwob": "orchard.recipes.gui.miniwob:read_spec"},
-    example_tasks="gui/tasks.json",
-    example_config="configs/gui-tiny.yaml",
+    images={"browser": "orchard.recipes.gui.image:build_image", "miniwob": "orchard.recipes.gui.miniwob:build_image"},
+    example=Example(tasks="gui/tasks.json", config="configs/gui-tiny.yaml", images=("browser",)),
 )

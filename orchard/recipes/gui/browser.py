@@ -41,10 +41,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from orchard.env import images
 from orchard.env.client import Sandbox
 from orchard.errors import AgentError, InvalidRequest
 from orchard.recipes.gui.cdp import MAX_MESSAGE, BrowserError, BrowserTimeout, CDPConnection, CDPError
+from orchard.recipes.gui.image import CHROMIUM
 
 CDP_PORT = 9222
 """Chromium's DevTools port, on the sandbox's loopback only."""
@@ -833,9 +833,7 @@ def start_command(viewport: tuple[int, int], *, wait: float = START_WAIT) -> str
     `init` (`BrowserTask.sandbox_init`), so a warm pool of them holds sandboxes whose Chromium
     runs already, and `launch` there only opens a fresh context."""
     flags = [*CHROMIUM_FLAGS, f"--window-size={viewport[0]},{viewport[1]}", "about:blank"]
-    return shlex.join(
-        ["python3", "-S", "-c", START_SCRIPT, LOG_FILE, str(CDP_PORT), f"{wait:g}", images.CHROMIUM, *flags]
-    )
+    return shlex.join(["python3", "-S", "-c", START_SCRIPT, LOG_FILE, str(CDP_PORT), f"{wait:g}", CHROMIUM, *flags])
 
 
 def _start_chromium(box: Sandbox, viewport: tuple[int, int], deadline: float) -> None:

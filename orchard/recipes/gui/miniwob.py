@@ -267,21 +267,22 @@ def tree_key() -> str:
 
 
 def build_image(force: bool = False, log: Log | None = None) -> str:
-    """`IMAGE`: the browser image (`orchard.env.images.build_browser`) with the pages at `HTML`,
+    """`IMAGE`: the browser image (`orchard.recipes.gui.image`) with the pages at `HTML`,
     built with no network from a temporary context, and reused while its labels name the same
     tree and browser image, unless `force`."""
     import docker.errors
 
     from orchard.env import images
+    from orchard.recipes.gui.image import build_image as browser_image
     from orchard.tasks.wheelhouse import docker_build, plain
 
     say = log or images.quiet
-    browser = images.build_browser(log=log)
+    browser = browser_image(log=log)
     with closing(images.docker_client()) as client:
         try:
             browser_id = str(client.images.get(browser).id)
         except docker.errors.ImageNotFound:
-            raise ImageNotFound(f"the browser image {browser} is missing: run `orchard image build-browser`") from None
+            raise ImageNotFound(f"the browser image {browser} is missing: run `orchard image build browser`") from None
         labels = {TREE_LABEL: tree_key(), BROWSER_LABEL: browser_id, "org.orchard.built-by": "orchard"}
         with images.build_lock(IMAGE):
             try:

@@ -12,7 +12,7 @@ site, never `javascript:`, `data:`, `file:` of another folder, or the browser's 
 A `gui` task is one of our offline sites (`examples/gui/sites/`: a shop, a wiki, a booking form):
 a small web app that runs inside the sandbox (`orchard.recipes.gui.site`) and again on the host, where the
 grade replays the site's log of requests into a fresh copy and checks its state (the claw check
-language, `orchard.recipes.claw.checks`): the order placed, the page edited, never the screenshot. The
+language, `orchard.tasks.checks`): the order placed, the page edited, never the screenshot. The
 sandbox's word on state is never taken; what the log holds is (the agent has only the browser, and
 the log is behind a token the browser never sees). See `docs/gui.md`.
 """
@@ -34,9 +34,9 @@ from urllib.parse import unquote, urlsplit
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from orchard.errors import ConfigError, OrchardError
-from orchard.recipes.claw.checks import Check
 from orchard.recipes.gui.site import MAX_LOG_BYTES
 from orchard.tasks.base import Grade, Prepare, Step, TaskBase
+from orchard.tasks.checks import Check
 
 if TYPE_CHECKING:
     from orchard.env.client import Client, Sandbox
@@ -219,9 +219,9 @@ class GuiTask(BrowserTask):
         return value
 
     def sandbox_image(self, prepare: Prepare) -> str:
-        from orchard.env.images import build_browser
+        from orchard.recipes.gui.image import build_image
 
-        return build_browser()
+        return build_image()
 
     def start_url(self) -> str:
         return f"http://127.0.0.1:{SITE_PORT}{self.start_path}"
@@ -304,10 +304,12 @@ class GuiTask(BrowserTask):
         )
         prompt = JUDGE_PROMPT.format(task=self.prompt(), answer=answer.replace(">>>", "> > >")[:4000] or "(nothing)")
         content = [{"type": "text", "text": prompt}, *({"type": "image_url", "image_url": {"url": s}} for s in shots)]
-        from orchard.recipes.claw.task import _model
+        from orchard.agents.models import role_model
 
         try:
-            said = str(_model(spec, "the judge").complete([{"role": "user", "content": content}], None).content or "")
+            said = str(
+                role_model(spec, "the judge").complete([{"role": "user", "content": content}], None).content or ""
+            )
         except OrchardError as exc:
             return Grade(self.instance_id, "error", error=f"the judge failed: {exc}", fault="machine")
         verdict = _VERDICT.findall(said.upper())

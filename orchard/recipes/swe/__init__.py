@@ -5,7 +5,7 @@
 by the task's tests in a fresh sandbox, and `infra` the test infrastructure no patch may change.
 """
 
-from orchard.recipes import Recipe
+from orchard.recipes import Example, Recipe
 
 RECIPE = Recipe(
     name="swe",
@@ -15,8 +15,9 @@ RECIPE = Recipe(
     harnesses={
         "bash": "orchard.agents.bash:BashHarness",
         "tools": "orchard.agents.tools:ToolsHarness",
-        "cli": "orchard.agents.cli:CliHarness",
+        "cli": "orchard.agents.coding_cli:CliHarness",
     },
-    example_tasks="tasks/tasks.jsonl",
-    example_config="configs/swe-tiny.yaml",
+    example=Example(
+        tasks="tasks/tasks.jsonl", config="configs/swe-tiny.yaml", prepare="orchard.recipes.swe.example:prepare"
+    ),
 )

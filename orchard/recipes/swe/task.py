@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
@@ -39,6 +39,7 @@ from orchard.tasks.base import Prepare, Step, TaskBase
 if TYPE_CHECKING:
     from orchard.env.client import Client, Sandbox
     from orchard.recipes.swe.grading import Grade
+    from orchard.tasks.base import Grade as BaseGrade
 
 DEFAULT_WORKDIR = "/testbed"
 DEFAULT_TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider"
@@ -49,6 +50,8 @@ INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 class SWETask(TaskBase):
     """One repository issue to resolve, with the tests that decide whether it was."""
+
+    submission_file: ClassVar[str] = "patch.diff"
 
     instance_id: str
     kind: str = "swe"
@@ -211,6 +214,27 @@ class SWETask(TaskBase):
         if warnings:
             grade.checks["warnings"] = warnings
         return grade
+
+    def attempt_report(self, grade: BaseGrade, submission: str, details: dict[str, Any]) -> dict[str, Any]:
+        """SWE-bench's per-instance `report.json`: did the patch exist, apply, resolve, and each
+        FAIL_TO_PASS and PASS_TO_PASS test's fate (when the tests ran)."""
+        tests: dict[str, str] = getattr(grade, "tests", {})
+        applied = grade.outcome in ("resolved", "unresolved", "timeout") or bool(tests)
+        report: dict[str, Any] = {
+            "patch_is_None": False,
+            "patch_exists": bool(submission.strip()),
+            "patch_successfully_applied": applied,
+            "resolved": grade.resolved,
+        }
+        if applied:
+            empty: dict[str, list[str]] = {"success": [], "failure": []}
+            report["tests_status"] = {
+                "FAIL_TO_PASS": getattr(grade, "fail_to_pass", empty),
+                "PASS_TO_PASS": getattr(grade, "pass_to_pass", empty),
+                "FAIL_TO_FAIL": empty,
+                "PASS_TO_FAIL": empty,
+            }
+        return {grade.instance_id: report}
 
     def progress(self, client: Client, submission: str, image: str) -> float:
         """The share of FAIL_TO_PASS tests the submission makes pass."""

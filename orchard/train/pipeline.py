@@ -1,7 +1,8 @@
-"""`orchard train swe|claw --config FILE`: a recipe, stage by stage, each a run in the store.
+"""`orchard train RECIPE --config FILE`: a recipe, stage by stage, each a run in the store.
 
-Every recipe runs this one pipeline on its task kind (SWE's repositories, Claw's assistant tasks):
-the stages only call the task-kind protocol (`orchard.tasks.base`), so what differs is the config.
+Every recipe runs this one pipeline on its task kinds: the stages only call the task-kind protocol
+(`orchard.tasks.base`) and the student (`orchard.train.student`: a text or a vision-language
+model), so what differs is the config.
 
 1. collect: each teacher (any model spec) works every task under the collection harnesses, k
    samples each, graded; every trajectory is kept with its verdict;
@@ -28,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from orchard.configfile import load_config_file
 from orchard.store import Store
-from orchard.train.config import SWEConfig
+from orchard.train.config import RecipeConfig
+from orchard.train.student import Student, build_student
 
 if TYPE_CHECKING:
     from orchard.train.launch import Launch
@@ -36,13 +38,13 @@ if TYPE_CHECKING:
 Log = Callable[[str], None]
 
 
-def load_config(path: str | Path) -> SWEConfig:
+def load_config(path: str | Path) -> RecipeConfig:
     """The recipe in YAML file `path` (the keys: `orchard.train.config`); its paths are relative to the file."""
-    return load_config_file(path, SWEConfig)
+    return load_config_file(path, RecipeConfig)
 
 
-def run_swe(
-    config: SWEConfig, *, recipe: str | None = None, log: Log = print, store: Store | None = None
+def run_recipe(
+    config: RecipeConfig, *, recipe: str | None = None, log: Log = print, store: Store | None = None
 ) -> dict[str, Any]:
     """Run (or continue) every stage; the summary of each. With `recipe`, tasks of another recipe
     are refused before anything starts. Under a multi-process launch, see `orchard.train.launch`."""
@@ -61,13 +63,15 @@ def run_swe(
     work = Path(config.work_dir)
     work.mkdir(parents=True, exist_ok=True)  # once the tasks are found: a mistake leaves nothing behind
 
-    def setup() -> tuple[dict[str, str], str]:
+    def setup() -> tuple[dict[str, str], Student]:
         log(f"[setup] {len(tasks)} tasks; building their images")
         vision = config.student.vision if config.student.vision is not None else all(type(t).vision for t in tasks)
-        return {t.instance_id: t.sandbox_image(prepare) for t in tasks}, _student(config, work, log, vision)
+        return {t.instance_id: t.sandbox_image(prepare) for t in tasks}, build_student(
+            config.student, work, log, vision=vision
+        )
 
     images, student = launch.once(setup)
-    summary: dict[str, Any] = {"student": student}
+    summary: dict[str, Any] = {"student": student.path}
     stage = functools.partial(_stage, config, launch, store, log)
     with Client(store=store) as client:
         collect_runs = launch.once(lambda: _collect(config, tasks, prepare, client, log, store))
@@ -76,10 +80,10 @@ def run_swe(
             "credit", lambda _run: _credit(config, tasks, images, client, collect_runs, store), everywhere=False
         )
         summary["sft"] = stage("sft", lambda run: _sft(config, student, work, collect_runs, run, store))
-        policy = summary["sft"]["output_dir"]
+        policy = type(student)(summary["sft"]["output_dir"])
         if config.rl.enabled:
             summary["rl"] = stage("rl", lambda run: _rl(config, policy, tasks, images, client, work, run, store))
-            policy = summary["rl"]["output_dir"]
+            policy = type(student)(summary["rl"]["output_dir"])
         graded = collect_runs + ([f"{config.name}-rl"] if config.rl.enabled else [])
         summary["value"] = stage("value", lambda run: _value(config, student, work, graded, run, store))
         if config.eval.enabled and launch.is_main:  # the last stage: the other processes are done
@@ -93,35 +97,13 @@ def run_swe(
                 lambda _run: _eval(config, tasks, prepare, client, student, policy, value_dir, log, store),
             )
     launch.close()
-    summary["policy"] = policy
+    summary["policy"] = policy.path
     summary["main_process"] = launch.is_main
     return summary
 
 
-def _student(config: SWEConfig, work: Path, log: Log, vision: bool = False) -> str:
-    if config.student.path:
-        return config.student.path
-    if config.student.smollm2:
-        folder = work / "smollm2"
-        if not (folder / "config.json").is_file():
-            from orchard.train.smollm import convert_smollm2
-
-            log(f"[setup] converting SmolLM2-135M-Instruct into {folder}")
-            convert_smollm2(folder)
-        return str(folder)
-    folder = work / ("student-base-vl" if vision else "student-base")
-    if not (folder / "config.json").is_file():
-        from orchard.train.tiny import build_tiny_model
-        from orchard.train.tiny_vlm import build_tiny_vlm
-
-        log(f"[setup] building a tiny {'vision-language ' if vision else ''}student offline in {folder}")
-        build = build_tiny_vlm if vision else build_tiny_model
-        build(folder, hidden_size=config.student.tiny_hidden_size, layers=config.student.tiny_layers)
-    return str(folder)
-
-
 def _stage(
-    config: SWEConfig,
+    config: RecipeConfig,
     launch: Launch,
     store: Store | None,
     log: Log,
@@ -174,7 +156,7 @@ def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _collect(config: SWEConfig, tasks, prepare, client, log: Log, store: Store | None) -> list[str]:
+def _collect(config: RecipeConfig, tasks, prepare, client, log: Log, store: Store | None) -> list[str]:
     from orchard.agents.loop import Limits
     from orchard.agents.models import model_from_spec
     from orchard.eval.agent import agent_solver
@@ -209,7 +191,7 @@ def _collect(config: SWEConfig, tasks, prepare, client, log: Log, store: Store |
     return runs
 
 
-def _credit(config: SWEConfig, tasks, images, client, runs: list[str], store: Store | None) -> dict[str, Any]:
+def _credit(config: RecipeConfig, tasks, images, client, runs: list[str], store: Store | None) -> dict[str, Any]:
     from sqlmodel import col, select
 
     from orchard.store import TrajectoryRecord, session
@@ -245,14 +227,9 @@ def _credit(config: SWEConfig, tasks, images, client, runs: list[str], store: St
 
 
 def _sft(
-    config: SWEConfig, student: str, work: Path, runs: list[str], run_id: str, store: Store | None
+    config: RecipeConfig, student: Student, work: Path, runs: list[str], run_id: str, store: Store | None
 ) -> dict[str, Any]:
-    from collections import Counter
-
-    from transformers import AutoTokenizer
-
-    from orchard.agents.vision import holds_image_processor
-    from orchard.train.sft import SFTFilters, sft_examples, train_sft
+    from orchard.train.sft import SFTFilters
     from orchard.train.tracking import StoreMetrics
 
     filters = SFTFilters(
@@ -260,70 +237,19 @@ def _sft(
         drop_unparsable=config.sft.drop_unparsable,
         drop_undefined_tools=config.sft.drop_undefined_tools,
     )
-    if holds_image_processor(student):
-        return _vision_sft(config, student, work, runs, run_id, store, filters)
-    tokenizer = AutoTokenizer.from_pretrained(student)
-    examples = sft_examples(
-        tokenizer,
-        runs=runs,
+    return student.sft(
+        config.sft,
+        work / "sft",
+        runs,
         epsilon=config.credit.epsilon,
-        max_length=config.sft.max_length,
         filters=filters,
+        callbacks=[StoreMetrics(run_id, store=store)],
         store=store,
-        ungraded_runs=config.sft.proxy_runs,
     )
-    result = train_sft(student, examples, work / "sft", config.sft, callbacks=[StoreMetrics(run_id, store=store)])
-    result["by_harness"] = dict(Counter(e.harness for e in examples))
-    result["resolved_examples"] = sum(e.resolved for e in examples)
-    result["partial_examples"] = sum(not e.resolved for e in examples)
-    return result
-
-
-def _vision_sft(
-    config: SWEConfig, student: str, work: Path, runs: list[str], run_id: str, store: Store | None, filters: Any
-) -> dict[str, Any]:
-    """SFT of a vision-language student: the same trajectories and turns, their screenshots in the
-    batch as the model saw them (only the newest its harness kept in context)."""
-    import json
-    from collections import Counter
-
-    from orchard.agents import harness_factory
-    from orchard.agents.loop import load_images
-    from orchard.agents.vision import load_processor
-    from orchard.train.sft import trained_trajectories
-    from orchard.train.tracking import StoreMetrics
-    from orchard.train.vision_sft import train_vision_sft, vision_examples
-
-    processor = load_processor(student)
-    examples: list[dict[str, Any]] = []
-    harnesses: Counter[str] = Counter()
-    resolved = 0
-    for trajectory, turns in trained_trajectories(
-        runs=runs, epsilon=config.credit.epsilon, filters=filters, store=store, ungraded_runs=config.sft.proxy_runs
-    ):
-        keep = getattr(harness_factory(trajectory.harness)(), "keep_images", None)
-        made = vision_examples(
-            processor,
-            load_images(json.loads(trajectory.messages)),
-            json.loads(trajectory.tools),
-            turns,
-            config.sft.max_length,
-            keep_images=keep,
-        )
-        examples += made
-        harnesses[trajectory.harness] += len(made)
-        resolved += len(made) if trajectory.resolved else 0
-    result = train_vision_sft(
-        student, examples, work / "sft", config.sft, callbacks=[StoreMetrics(run_id, store=store)]
-    )
-    result["by_harness"] = dict(harnesses)
-    result["resolved_examples"] = resolved
-    result["partial_examples"] = len(examples) - resolved
-    return result
 
 
 def _rl(
-    config: SWEConfig, policy: str, tasks, images, client, work: Path, run_id: str, store: Store | None
+    config: RecipeConfig, policy: Student, tasks, images, client, work: Path, run_id: str, store: Store | None
 ) -> dict[str, Any]:
     from orchard.agents.models import model_from_spec
     from orchard.store.runs import record_metrics
@@ -334,7 +260,7 @@ def _rl(
     judge = model_from_spec(rl.judge, check=False) if rl.judge else None
     chosen = list(tasks)[: rl.tasks] if rl.tasks else list(tasks)
     result = train_rl(
-        policy,
+        policy.path,
         chosen,
         images,
         client,
@@ -355,25 +281,30 @@ def _rl(
 
 
 def _value(
-    config: SWEConfig, student: str, work: Path, runs: list[str], run_id: str, store: Store | None
+    config: RecipeConfig, student: Student, work: Path, runs: list[str], run_id: str, store: Store | None
 ) -> dict[str, Any]:
-    from orchard.agents.vision import holds_image_processor
     from orchard.train.tracking import StoreMetrics
-    from orchard.train.value import graded_trajectories, text_backbone, train_value
+    from orchard.train.value import graded_trajectories, train_value
 
     trajectories = graded_trajectories(runs, store=store)
-    base = text_backbone(student, work / "value-base") if holds_image_processor(student) else student
+    base = student.value_base(work)
     return train_value(base, trajectories, work / "value", config.value, callbacks=[StoreMetrics(run_id, store=store)])
 
 
 def _eval(
-    config: SWEConfig, tasks, prepare, client, student: str, policy: str, value_dir: str, log: Log, store: Store | None
+    config: RecipeConfig,
+    tasks,
+    prepare,
+    client,
+    student: Student,
+    policy: Student,
+    value_dir: str,
+    log: Log,
+    store: Store | None,
 ) -> dict[str, Any]:
     """The student before training and the policy after, under every eval harness (one may have been
     held out of training): the model x harness matrix; the policy's samples reranked."""
     from orchard.agents.loop import Limits
-    from orchard.agents.models import TransformersModel
-    from orchard.agents.vision import VisionModel, holds_image_processor
     from orchard.eval.agent import agent_solver
     from orchard.eval.rerank import rerank_run
     from orchard.eval.runner import evaluate
@@ -382,11 +313,8 @@ def _eval(
     matrix: dict[str, dict[str, float]] = {}
     passing: dict[str, dict[str, dict[str, float]]] = {}
     runs: dict[str, str] = {}
-    for label, path in (("before", student), ("after", policy)):
-        vision = holds_image_processor(path)
-        model = (VisionModel if vision else TransformersModel)(
-            path, max_new_tokens=config.rl.max_new_tokens, temperature=0.7, name=f"hf:{label}"
-        )
+    for label, acting in (("before", student), ("after", policy)):
+        model = acting.acting(max_new_tokens=config.rl.max_new_tokens, temperature=0.7, name=f"hf:{label}")
         result = evaluate(
             tasks,
             config.eval.harnesses,
@@ -396,7 +324,7 @@ def _eval(
             prepare=prepare,
             config={
                 "pipeline": config.name,
-                "model": path,
+                "model": acting.path,
                 "harnesses": config.eval.harnesses,
                 "k": config.eval.samples,
             },
