@@ -68,7 +68,7 @@ def main() -> None:
             chosen,
             ["bash"],
             1,
-            agent_solver(model, Limits(max_steps=args.max_steps)),
+            agent_solver(model, Limits(episode_steps=args.max_steps)),
             client=client,
             prepare=prepare,
             config={"bench": "smollm", "model": label},

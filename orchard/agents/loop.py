@@ -37,9 +37,16 @@ if TYPE_CHECKING:
     from orchard.tasks.base import TaskBase
 
 
+EPISODE_STEPS = 40
+"""Turns per episode unless a run says otherwise: evaluation's, collection's, RL's."""
+
+
 @dataclass(frozen=True)
 class Limits:
-    max_steps: int = 40
+    """Where an episode stops, whatever the model does."""
+
+    episode_steps: int = EPISODE_STEPS
+    """Turns: model replies, each followed by its actions."""
     max_tokens: int = 400_000
     max_seconds: float = 1800.0
     max_format_errors: int = 5
@@ -122,7 +129,7 @@ def run_episode(
         opening = getattr(harness, "opening", None)
         if opening is not None:  # a harness that shows the started page (a browser's) with the task
             messages[1]["content"] = [{"type": "text", "text": messages[1]["content"]}, *opening(box)]
-        for index in range(limits.max_steps):
+        for index in range(limits.episode_steps):
             if time.monotonic() - started > limits.max_seconds:
                 episode.status = "time_limit"
                 break

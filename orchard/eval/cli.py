@@ -33,6 +33,7 @@ RequestTimeout = Annotated[
     float | None,
     typer.Option(metavar="SECONDS", help="Seconds one request to a model server may take (default: 120)."),
 ]
+EpisodeSteps = Annotated[int | None, typer.Option(min=1, help="Turns per episode (default 40).")]
 Rerun = Annotated[
     bool, typer.Option("--rerun", help="Start the run afresh instead of resuming it: what it recorded goes.")
 ]
@@ -50,7 +51,7 @@ def eval_(
     tasks: Annotated[str | None, typer.Option(metavar="SOURCE", help=TASKS_HELP)] = None,
     model: Annotated[str | None, typer.Option(metavar="SPECS", help=MODEL_HELP)] = None,
     harness: Annotated[str | None, typer.Option(metavar="NAMES", help=HARNESS_HELP)] = None,
-    k: Annotated[int, typer.Option("--k", min=1, help="Samples per task and harness.")] = 1,
+    k: Annotated[int | None, typer.Option("--k", min=1, help="Samples per task and harness (default 1).")] = None,
     predictions: Annotated[
         str | None,
         typer.Option(
@@ -63,15 +64,15 @@ def eval_(
         typer.Option(metavar="DIR", help="Local mirror of the repositories: DIR/owner/name or DIR/owner__name."),
     ] = None,
     image_source: Annotated[
-        str,
+        str | None,
         typer.Option(
             metavar="build|swebench",
             help="Task images: build them offline (default), or SWE-bench's published instance images.",
         ),
-    ] = "build",
+    ] = None,
     ids: Annotated[str | None, typer.Option(metavar="IDS", help="Only these instance ids (comma-separated).")] = None,
-    concurrency: Annotated[int, typer.Option(min=1, help="Attempts at once.")] = 2,
-    episode_steps: Annotated[int, typer.Option(min=1, help="Turns per episode.")] = 40,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="Attempts at once (default 2).")] = None,
+    episode_steps: EpisodeSteps = None,
     base_url: Annotated[
         str | None,
         typer.Option(metavar="URL", envvar="OPENAI_BASE_URL", help="OpenAI-compatible server for openai:NAME."),
@@ -82,7 +83,7 @@ def eval_(
     report: Annotated[
         Path | None, typer.Option(metavar="FILE", help="Also write SWE-bench's report JSON here.")
     ] = None,
-    split: Annotated[str, typer.Option(metavar="SPLIT", help="Split of a dataset.")] = "test",
+    split: Annotated[str | None, typer.Option(metavar="SPLIT", help="Split of a dataset (default test).")] = None,
     rerank: Annotated[
         Path | None,
         typer.Option(metavar="DIR", help="A value model: submit its pick among the --k samples of each task."),
@@ -124,10 +125,10 @@ def collect(
     tasks: Annotated[str | None, typer.Option(metavar="SOURCE", help=TASKS_HELP)] = None,
     model: Annotated[str | None, typer.Option(metavar="SPECS", help="The teachers: " + MODEL_HELP[8:])] = None,
     harness: Annotated[str | None, typer.Option(metavar="NAMES", help=HARNESS_HELP)] = None,
-    k: Annotated[int, typer.Option("--k", min=1, help="Samples per task and harness.")] = 1,
+    k: Annotated[int | None, typer.Option("--k", min=1, help="Samples per task and harness (default 1).")] = None,
     repos: Annotated[Path | None, typer.Option(metavar="DIR", help="Local mirror of the repositories.")] = None,
-    concurrency: Annotated[int, typer.Option(min=1, help="Episodes at once.")] = 2,
-    episode_steps: Annotated[int, typer.Option(min=1, help="Turns per episode.")] = 40,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="Episodes at once (default 2).")] = None,
+    episode_steps: EpisodeSteps = None,
     base_url: Annotated[
         str | None, typer.Option(metavar="URL", envvar="OPENAI_BASE_URL", help="Server for openai:NAME.")
     ] = None,
@@ -180,7 +181,11 @@ def _config(ctx: typer.Context, model: type, path: Path | None, flags: dict[str,
         raise OrchardError(
             f"no predictions file {flags['predictions']} (or say `gold` to grade the tasks' own patches)"
         )
-    data = {key: str(value) if isinstance(value, Path) else value for key, value in flags.items() if value is not None}
+    data = {  # a flag not given is left to the config's default (a switch not given is False)
+        key: str(value) if isinstance(value, Path) else value
+        for key, value in flags.items()
+        if value is not None and value is not False
+    }
     names = {key: FLAG_OF.get(key, f"--{key.replace('_', '-')}") for key in flags}
     return validated(model, data, flags=names)
 

@@ -14,15 +14,17 @@ the file's folder; the CLI builds the same model from its flags, whose comma-sep
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
 
+from orchard.agents.loop import EPISODE_STEPS
 from orchard.configfile import ConfigModel, Folder, HarnessSpec, LocalPath, ModelSpec, Source, local_path
 
-EPISODE_STEPS = 40
-"""Turns per episode of evaluation and collection (the agent loop's default too)."""
+if TYPE_CHECKING:
+    from orchard.tasks.base import TaskBase
 
 
 def _split(value: Any) -> Any:
@@ -41,10 +43,37 @@ ModelSpecs = Annotated[list[ModelSpec], BeforeValidator(_split), Field(min_lengt
 HarnessSpecs = Annotated[list[HarnessSpec], BeforeValidator(_split), Field(min_length=1)]
 
 
-class _Attempts(ConfigModel):
-    """Agents working a task set: what `orchard eval` and `orchard collect` share."""
+class ModelOptions(ConfigModel):
+    """How the models are asked: their server, their replies' length and sampling."""
+
+    base_url: str | None = Field(default=None, description="OpenAI-compatible server of openai:NAME models")
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="tokens per model reply (default: the adapter's, openai 2048, hf 256)"
+    )
+    temperature: float | None = Field(default=None, ge=0, description="sampling temperature (default: 0, greedy)")
+    request_timeout: float | None = Field(
+        default=None, gt=0, description="seconds one request to a model server may take, retried twice (default: 120)"
+    )
+
+
+class Attempts(ModelOptions):
+    """Models working tasks under harnesses: what `orchard eval`, `orchard collect` and a recipe's
+    collect and eval stages share (`orchard.eval.jobs` runs them all)."""
 
     renamed = {"max_steps": "episode_steps"}
+
+    harnesses: HarnessSpecs | None = Field(
+        default=None, description="harnesses: bash, tools, cli or FILE.py:Class (none: the task kind's own)"
+    )
+    episode_steps: int = Field(default=EPISODE_STEPS, ge=1, description="turns per episode")
+
+    def harnesses_for(self, tasks: Sequence[TaskBase]) -> list[str]:
+        """The harnesses named, or those the kind of `tasks` is worked through when none are."""
+        return list(self.harnesses) if self.harnesses else list(type(tasks[0]).harnesses)
+
+
+class _TaskSet(Attempts):
+    """Attempts on a task set named by its source: `orchard eval` and `orchard collect`."""
 
     tasks: Source = Field(description="task set: a JSON or JSONL file, a dataset folder or a hub id")
     split: str = Field(default="test", min_length=1, description="split of a dataset")
@@ -55,24 +84,14 @@ class _Attempts(ConfigModel):
     image_source: Literal["build", "swebench"] = Field(
         default="build", description="task images: build them offline, or use SWE-bench's published ones"
     )
-    harnesses: HarnessSpecs = Field(default=["bash"], description="harnesses: bash, tools, cli or FILE.py:Class")
     k: int = Field(default=1, ge=1, description="samples per task and harness")
     concurrency: int = Field(default=2, ge=1, description="attempts at once")
-    episode_steps: int = Field(default=EPISODE_STEPS, ge=1, description="turns per episode")
-    base_url: str | None = Field(default=None, description="OpenAI-compatible server of openai:NAME models")
     rerun: bool = Field(
         default=False, description="start the run afresh: forget what an earlier run of the same evaluation recorded"
     )
-    max_tokens: int | None = Field(
-        default=None, ge=1, description="tokens per model reply (default: the adapter's, openai 2048, hf 256)"
-    )
-    temperature: float | None = Field(default=None, ge=0, description="sampling temperature (default: 0, greedy)")
-    request_timeout: float | None = Field(
-        default=None, gt=0, description="seconds one request to a model server may take, retried twice (default: 120)"
-    )
 
 
-class EvalConfig(_Attempts):
+class EvalConfig(_TaskSet):
     """`orchard eval`: models under harnesses, or predictions graded; stored and reported."""
 
     models: ModelSpecs | None = Field(
@@ -97,7 +116,7 @@ class EvalConfig(_Attempts):
         return self
 
 
-class CollectRunConfig(_Attempts):
+class CollectRunConfig(_TaskSet):
     """`orchard collect`: teachers roll over a task set; every trajectory is kept, graded, as a collect run."""
 
     models: ModelSpecs = Field(description="the teachers' model specs: scripted:gold, openai:NAME, hf:PATH, ...")

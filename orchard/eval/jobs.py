@@ -24,6 +24,7 @@ from orchard.tasks import Prepare, load_tasks
 if TYPE_CHECKING:
     from orchard.env.client import Client
     from orchard.eval.config import CollectRunConfig, EvalConfig
+    from orchard.store import Store
 
 
 HOW_IT_RUNS = frozenset({"concurrency", "repos", "report", "rerank", "rerun", "request_timeout"})
@@ -73,17 +74,19 @@ class Job:
     """Kept with the run's config, naming nothing: where the tasks came from."""
 
 
-def jobs(config: EvalConfig | CollectRunConfig) -> tuple[list[Any], list[Job]]:
-    """The task set and a job per model (or one for predictions), every name checked before anything
-    runs (each model's server asked once: `model_from_spec`)."""
+def jobs(
+    config: EvalConfig | CollectRunConfig, *, tasks: list[Any] | None = None, store: Store | None = None
+) -> tuple[list[Any], list[Job]]:
+    """The task set (`tasks` when given: the config's, loaded already) and a job per model (or one
+    for predictions), every name checked before anything runs (each model's server asked once:
+    `model_from_spec`); the agents' trajectories go to `store`."""
     from orchard.agents import harness_factory
     from orchard.agents.loop import Limits
     from orchard.agents.models import model_from_spec
     from orchard.eval.agent import agent_solver
 
-    every = load_tasks(config.tasks, split=config.split)
-    if "harnesses" not in config.model_fields_set:  # not chosen: the harnesses the task kind is worked through
-        config = config.model_copy(update={"harnesses": list(type(every[0]).harnesses)})
+    every = load_tasks(config.tasks, split=config.split) if tasks is None else tasks
+    config = config.model_copy(update={"harnesses": config.harnesses_for(every)})  # none named: the kind's own
     tasks = _only(every, config.ids, config.tasks)
     recorded = {"tasks": str(Path(config.tasks).resolve()) if Path(config.tasks).exists() else config.tasks}
     predictions = getattr(config, "predictions", None)
@@ -99,7 +102,8 @@ def jobs(config: EvalConfig | CollectRunConfig) -> tuple[list[Any], list[Job]]:
         run |= {"ids": sorted(patches), "predictions": name, "patches": digest}
         return tasks, [Job(name, chosen, [name], 1, solver_for(patches), run, recorded)]
     offers_tools = False
-    for harness in config.harnesses:
+    harnesses = list(config.harnesses or ())
+    for harness in harnesses:
         offers_tools |= bool(harness_factory(harness)().tools())  # a wrong name is one line now
     found = []
     for spec in config.models or []:
@@ -112,8 +116,8 @@ def jobs(config: EvalConfig | CollectRunConfig) -> tuple[list[Any], list[Job]]:
             tools=offers_tools,
         )
         run = settings(config) | {"model": spec, "model_settings": model_settings(agent, config)}
-        solve = agent_solver(agent, Limits(max_steps=config.episode_steps))
-        found.append(Job(agent.name, tasks, list(config.harnesses), config.k, solve, run, recorded))
+        solve = agent_solver(agent, Limits(episode_steps=config.episode_steps), store=store)
+        found.append(Job(agent.name, tasks, harnesses, config.k, solve, run, recorded))
     return tasks, found
 
 
@@ -135,9 +139,12 @@ def run_jobs(
     client: Client,
     *,
     progress: Callable[[], Any] | None = None,
+    name: Callable[[Job], str] | None = None,
+    store: Store | None = None,
 ) -> Iterator[tuple[Job, EvalResult]]:
-    """Each job's finished run (of `jobs(config)`), in order (`kind` eval or collect); `progress()`
-    makes a context manager that is called with (done, total, record) as attempts finish."""
+    """Each job's finished run (of `jobs(config)`), in order (`kind` eval or collect), in `store`;
+    `progress()` makes a context manager that is called with (done, total, record) as attempts
+    finish; `name(job)` names its run (default: the kind, the task file and the job)."""
     import contextlib
 
     prepare = Prepare(config.repos, image_source=config.image_source)
@@ -151,13 +158,14 @@ def run_jobs(
                 client=client,
                 prepare=prepare,
                 config=job.config,
-                name=f"{kind} {Path(config.tasks).name} {job.name}",
+                name=name(job) if name else f"{kind} {Path(config.tasks).name} {job.name}",
                 concurrency=config.concurrency,
                 on_progress=on_progress,
                 report_ids=[t.instance_id for t in tasks],
                 kind=kind,
                 rerun=config.rerun,
                 recorded=job.recorded,
+                store=store,
             )
         yield job, result
 

@@ -1,6 +1,8 @@
-"""Tasks: the task-kind protocol (`orchard.tasks.base`), the kinds, and loading task files.
+"""Tasks: the task-kind protocol (`orchard.tasks.base`), the kinds, loading task sets, and what
+recipes share to grade with (`orchard.tasks.checks`); the kinds themselves are the recipes'.
 
-A task file's records pick their kind with a `kind` field (`swe` when absent): a name in
+A task file's records pick their kind with a `kind` field (`orchard.recipes.DEFAULT_KIND` when
+absent): a name in
 `orchard.tasks.kinds.KINDS` (every recipe's kinds: `orchard.recipes`), or a task class named
 `module:Class` or `path/to/file.py:Class` (a path relative to the task file's folder).
 """

@@ -20,9 +20,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
+from orchard.agents.loop import EPISODE_STEPS
 from orchard.configfile import ConfigModel, Folder, HarnessSpec, LocalPath, ModelSpec, Source
-from orchard.eval.config import EPISODE_STEPS
+from orchard.eval.config import Attempts
 from orchard.train.bar import BARConfig
+from orchard.train.credit import EPSILON
 
 
 def _trains(steps: int) -> int:
@@ -72,24 +74,16 @@ class StudentConfig(ConfigModel):
     )
 
 
-class CollectConfig(ConfigModel):
-    """Collection: every teacher works every task under every harness, `samples` times; all kept, graded."""
-
-    renamed = {"max_steps": "episode_steps"}
+class CollectConfig(Attempts):
+    """Collection: every teacher works every task under every harness, `samples` times; all kept,
+    graded (`orchard collect` on the recipe's tasks)."""
 
     teachers: list[ModelSpec] = Field(
         default=["scripted:gold"],
         min_length=1,
         description="model specs: scripted:gold, scripted:FILE, openai:NAME (with base_url), hf:PATH",
     )
-    harnesses: list[HarnessSpec] = Field(
-        default=["bash", "tools"],
-        min_length=1,
-        description="harnesses to collect under: bash, tools, cli, FILE.py:Class",
-    )
     samples: int = Field(default=1, ge=1, description="episodes per task, teacher and harness")
-    episode_steps: int = Field(default=EPISODE_STEPS, ge=1, description="turns per episode")
-    base_url: str | None = Field(default=None, description="OpenAI-compatible server of openai:NAME teachers")
 
 
 class CreditConfig(ConfigModel):
@@ -101,7 +95,9 @@ class CreditConfig(ConfigModel):
         "sandbox; judge: a model's estimate (needs `judge`)",
     )
     judge: ModelSpec | None = Field(default=None, description="model spec of the judge estimator")
-    epsilon: float = Field(default=0.05, ge=0, description="a step whose credit is at least this is in a rise segment")
+    epsilon: float = Field(
+        default=EPSILON, ge=0, description="a step whose credit is at least this is in a rise segment"
+    )
 
     @model_validator(mode="after")
     def _judge(self) -> CreditConfig:
@@ -148,13 +144,11 @@ class RLConfig(_Accelerated):
     rho_max: float = Field(
         default=0.625, ge=0, le=1, description="BAR: greatest share of successes in a balanced group"
     )
-    harnesses: list[HarnessSpec] = Field(
-        default=["bash", "tools"], min_length=1, description="harnesses; each rollout draws one"
+    harnesses: list[HarnessSpec] | None = Field(
+        default=None, min_length=1, description="harnesses; each rollout draws one (none: the task kind's own)"
     )
-    episode_steps: int = Field(default=20, ge=1, description="turns per rollout episode")
-    max_new_tokens: int = Field(
-        default=2048, ge=1, description="tokens the policy generates per turn (also the eval stage's)"
-    )
+    episode_steps: int = Field(default=EPISODE_STEPS, ge=1, description="turns per rollout episode")
+    max_new_tokens: int = Field(default=2048, ge=1, description="tokens the policy generates per turn")
     max_completion_length: int = Field(
         default=16384, ge=1, description="tokens of a rollout after its prompt (every later turn), cut beyond"
     )
@@ -194,17 +188,15 @@ class ValueConfig(_Training):
     )
 
 
-class EvalStageConfig(ConfigModel):
-    """The recipe's last stage: the student before and the policy after, under every eval harness."""
-
-    renamed = {"max_steps": "episode_steps"}
+class EvalStageConfig(Attempts):
+    """The recipe's last stage: the student before and the policy after, under every eval harness
+    (`orchard eval` on the recipe's tasks); a harness not trained on is reported as held out."""
 
     enabled: bool = Field(default=False, description="run the stage")
-    harnesses: list[HarnessSpec] = Field(
-        default=["bash", "tools", "cli"], min_length=1, description="one not trained on is reported as held out"
-    )
     samples: int = Field(default=2, ge=1, description="episodes per task and harness; the value model reranks them")
-    episode_steps: int = Field(default=EPISODE_STEPS, ge=1, description="turns per episode")
+    temperature: float | None = Field(
+        default=0.7, ge=0, description="sampling temperature: the samples differ, so the value model has a choice"
+    )
 
 
 class RecipeConfig(ConfigModel):

@@ -138,7 +138,7 @@ class ReplayEstimator:
             known[index + 1] = self._progress(task, task.conclude(box, episode.messages, episode.dialogue))
 
         replay = RecordedModel(json.loads(trajectory.messages))
-        limits = Limits(max_steps=len(replay.replies) + 1, max_seconds=float("inf"), max_format_errors=10**9)
+        limits = Limits(episode_steps=len(replay.replies) + 1, max_seconds=float("inf"), max_format_errors=10**9)
         played(task, trajectory.harness, replay, self.client, self.image, limits=limits, on_step=measure)
         return known
 

@@ -33,6 +33,7 @@ from orchard.train.config import RecipeConfig
 from orchard.train.student import Student, build_student
 
 if TYPE_CHECKING:
+    from orchard.eval.config import Attempts, CollectRunConfig
     from orchard.train.launch import Launch
 
 Log = Callable[[str], None]
@@ -74,7 +75,7 @@ def run_recipe(
     summary: dict[str, Any] = {"student": student.path}
     stage = functools.partial(_stage, config, launch, store, log)
     with Client(store=store) as client:
-        collect_runs = launch.once(lambda: _collect(config, tasks, prepare, client, log, store))
+        collect_runs = launch.once(lambda: _collect(config, tasks, client, log, store))
         summary["collect"] = collect_runs
         summary["credit"] = stage(
             "credit", lambda _run: _credit(config, tasks, images, client, collect_runs, store), everywhere=False
@@ -94,7 +95,7 @@ def run_recipe(
                 store,
                 log,
                 "eval",
-                lambda _run: _eval(config, tasks, prepare, client, student, policy, value_dir, log, store),
+                lambda _run: _eval(config, tasks, client, student, policy, value_dir, log, store),
             )
     launch.close()
     summary["policy"] = policy.path
@@ -156,37 +157,33 @@ def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _collect(config: RecipeConfig, tasks, prepare, client, log: Log, store: Store | None) -> list[str]:
-    from orchard.agents.loop import Limits
-    from orchard.agents.models import model_from_spec
-    from orchard.eval.agent import agent_solver
-    from orchard.eval.runner import evaluate
+def _attempts(config: RecipeConfig, stage: Attempts, models: list[str], samples: int) -> CollectRunConfig:
+    """A stage's attempts (collect's, eval's) as `orchard collect` would make them on the recipe's tasks."""
+    from orchard.eval.config import Attempts, CollectRunConfig
 
+    fields = stage.model_dump(include=set(Attempts.model_fields))
+    return CollectRunConfig.model_validate(
+        {**fields, "tasks": config.tasks, "ids": config.ids, "repos": config.repos, "models": models, "k": samples}
+        | {"concurrency": config.concurrency}
+    )
+
+
+def _named(name: str) -> Callable[[Any], str]:
+    """A run's name, whatever the job."""
+    return lambda _job: name
+
+
+def _collect(config: RecipeConfig, tasks, client, log: Log, store: Store | None) -> list[str]:
+    from orchard.eval.jobs import jobs, run_jobs
+
+    attempts = _attempts(config, config.collect, config.collect.teachers, config.collect.samples)
+    chosen, found = jobs(attempts, tasks=tasks, store=store)
     runs = []
-    for teacher in config.collect.teachers:
-        model = model_from_spec(teacher, base_url=config.collect.base_url)
-        run_config = {
-            "pipeline": config.name,
-            "teacher": teacher,
-            "harnesses": config.collect.harnesses,
-            "samples": config.collect.samples,
-            "ids": [t.instance_id for t in tasks],
-        }
-        result = evaluate(
-            tasks,
-            config.collect.harnesses,
-            config.collect.samples,
-            agent_solver(model, Limits(max_steps=config.collect.episode_steps), store=store),
-            client=client,
-            prepare=prepare,
-            config=run_config,
-            name=f"{config.name} collect {teacher}",
-            concurrency=config.concurrency,
-            store=store,
-            kind="collect",
-        )
+    for job, result in run_jobs(
+        attempts, chosen, found, "collect", client, name=lambda job: f"{config.name} collect {job.name}", store=store
+    ):
         rates = {h: f"{r['resolve_rate']:.0%}" for h, r in result.summary["harnesses"].items()}
-        log(f"[collect] {teacher}: {len(result.results)} trajectories, resolved {rates} (run {result.run_id})")
+        log(f"[collect] {job.name}: {len(result.results)} trajectories, resolved {rates} (run {result.run_id})")
         runs.append(result.run_id)
     return runs
 
@@ -294,7 +291,6 @@ def _value(
 def _eval(
     config: RecipeConfig,
     tasks,
-    prepare,
     client,
     student: Student,
     policy: Student,
@@ -304,40 +300,28 @@ def _eval(
 ) -> dict[str, Any]:
     """The student before training and the policy after, under every eval harness (one may have been
     held out of training): the model x harness matrix; the policy's samples reranked."""
-    from orchard.agents.loop import Limits
-    from orchard.eval.agent import agent_solver
+    from orchard.eval.jobs import jobs, run_jobs
     from orchard.eval.rerank import rerank_run
-    from orchard.eval.runner import evaluate
 
-    trained = set(config.collect.harnesses) | (set(config.rl.harnesses) if config.rl.enabled else set())
+    kind = type(tasks[0])
+    trained = set(config.collect.harnesses_for(tasks))
+    if config.rl.enabled:
+        trained |= set(config.rl.harnesses or kind.harnesses)
     matrix: dict[str, dict[str, float]] = {}
     passing: dict[str, dict[str, dict[str, float]]] = {}
     runs: dict[str, str] = {}
+    k = str(config.eval.samples)
     for label, acting in (("before", student), ("after", policy)):
-        model = acting.acting(max_new_tokens=config.rl.max_new_tokens, temperature=0.7, name=f"hf:{label}")
-        result = evaluate(
-            tasks,
-            config.eval.harnesses,
-            config.eval.samples,
-            agent_solver(model, Limits(max_steps=config.eval.episode_steps), store=store),
-            client=client,
-            prepare=prepare,
-            config={
-                "pipeline": config.name,
-                "model": acting.path,
-                "harnesses": config.eval.harnesses,
-                "k": config.eval.samples,
-            },
-            name=f"{config.name} eval {label}",
-            concurrency=config.concurrency,
-            store=store,
+        attempts = _attempts(config, config.eval, [f"hf:{acting.path}"], config.eval.samples)
+        chosen, found = jobs(attempts, tasks=tasks, store=store)
+        ((_, result),) = run_jobs(
+            attempts, chosen, found, "eval", client, name=_named(f"{config.name} eval {label}"), store=store
         )
         runs[label] = result.run_id
         rows = result.summary["harnesses"]
         matrix[label] = {h: r["resolve_rate"] for h, r in rows.items()}
-        k = str(config.eval.samples)
         passing[label] = {h: {"pass@k": r["pass_at_k"][k], "pass^k": r["pass_hat_k"][k]} for h, r in rows.items()}
-    scored = type(tasks[0]).metric == "score"  # a kind graded by scores is judged by pass@k and pass^k
+    scored = kind.metric == "score"  # a kind graded by scores is judged by pass@k and pass^k
     for label, rates in matrix.items():
         cells = ", ".join(
             f"{h}{'' if h in trained else ' (held out)'} {rate:.0%}"
@@ -354,6 +338,6 @@ def _eval(
         "runs": runs,
         "matrix": matrix,
         "pass": passing,
-        "held_out": sorted(set(config.eval.harnesses) - trained),
+        "held_out": sorted(set(matrix["after"]) - trained),
         "rerank": reranked,
     }

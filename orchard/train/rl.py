@@ -187,8 +187,8 @@ class SandboxRollouts:
             )
 
     def _episode(self, task: TaskBase, policy: TransformersModel) -> Rollout:
-        harness = self.rng.choice(self.settings.harnesses)
-        limits = Limits(max_steps=self.settings.episode_steps)
+        harness = self.rng.choice(self.settings.harnesses or ())
+        limits = Limits(episode_steps=self.settings.episode_steps)
         episode, grade = attempt(task, harness, policy, self.client, self.images[task.instance_id], limits=limits)
         resolved = grade.resolved
         if self.run_id is not None and episode.status != "aborted":  # a failure of ours says nothing of the policy
@@ -316,6 +316,8 @@ def train_rl(
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     config = config or RLConfig()
+    if not config.harnesses and tasks:  # none named: the harnesses the tasks' kind is worked through
+        config = config.model_copy(update={"harnesses": list(type(tasks[0]).harnesses)})
     if config.use_vllm and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             "rl.use_vllm needs vLLM next to TRL (a GPU machine): pip install vllm, then start "
@@ -347,7 +349,7 @@ def train_rl(
     )
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     student = student_at(model_path)
-    student.check_rl_harnesses(config.harnesses)
+    student.check_rl_harnesses(config.harnesses or ())
     trainer = GRPOTrainer(
         model=student.auto_class().from_pretrained(model_path),
         reward_funcs=cast(Any, reward_from_rollout),

@@ -3,7 +3,7 @@
 The pipeline (`orchard.train.pipeline`) and RL (`orchard.train.rl`) ask the student what differs
 between the two and never ask which one it is: how it is built offline, how it learns from
 trajectories (SFT), which class loads it for a trainer, what a checkpoint must carry besides the
-weights, the base of its value model, and the model that acts for it in an eval.
+weights, and the base of its value model.
 
 `student_at(path)` tells them apart by the folder (`orchard.agents.vision.holds_image_processor`);
 `build_student` makes one from the recipe's `student` config.
@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchard.agents.models import Model
     from orchard.store import Store
     from orchard.train.config import SFTConfig, StudentConfig
     from orchard.train.sft import SFTFilters
@@ -47,12 +46,6 @@ class TextStudent:
     def value_base(self, work: Path) -> str:
         """The model a value model of it starts from: itself."""
         return self.path
-
-    def acting(self, *, max_new_tokens: int, temperature: float, name: str) -> Model:
-        """It as a model that works tasks, for an eval."""
-        from orchard.agents.models import TransformersModel
-
-        return TransformersModel(self.path, max_new_tokens=max_new_tokens, temperature=temperature, name=name)
 
     def sft(
         self,
@@ -125,11 +118,6 @@ class VisionStudent(TextStudent):
         from orchard.train.value import text_backbone
 
         return str(text_backbone(self.path, work / "value-base"))
-
-    def acting(self, *, max_new_tokens: int, temperature: float, name: str) -> Model:
-        from orchard.agents.vision import VisionModel
-
-        return VisionModel(self.path, max_new_tokens=max_new_tokens, temperature=temperature, name=name)
 
     def sft(
         self,

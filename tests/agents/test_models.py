@@ -44,7 +44,7 @@ def test_a_tiny_local_model_runs_a_whole_episode(tiny, example, client):
     harness = harness_factory("bash")()
     with client.create(image) as box:
         episode = run_episode(
-            task, harness, model.session(task, harness), box, model_name=model.name, limits=Limits(max_steps=3)
+            task, harness, model.session(task, harness), box, model_name=model.name, limits=Limits(episode_steps=3)
         )
     well_formed(episode)
     assert len(episode.steps) == 3 and episode.format_errors == 3  # random weights: never a valid block
@@ -98,7 +98,7 @@ def test_the_openai_client_against_a_real_local_server(served, example, client):
     harness = harness_factory("cli")()
     with client.create(image) as box:
         episode = run_episode(
-            task, harness, model.session(task, harness), box, model_name=name, limits=Limits(max_steps=2)
+            task, harness, model.session(task, harness), box, model_name=name, limits=Limits(episode_steps=2)
         )
     well_formed(episode)
     assert harness.tools() and len(episode.steps) <= 2

@@ -486,7 +486,7 @@ def test_the_judge_and_the_simulated_user_are_models_whose_words_are_kept(client
         monkeypatch.setenv("OPENAI_BASE_URL", url)
         monkeypatch.setenv(claweval.JUDGE_ENV, "openai:judge-model")
         monkeypatch.setenv(claweval.USER_ENV, "openai:user-model")
-        episode, grade = attempt(task, "functions", model, client, image, limits=Limits(max_steps=10))
+        episode, grade = attempt(task, "functions", model, client, image, limits=Limits(episode_steps=10))
     assert episode.dialogue[2] == {"role": "user", "content": "Yes, please, due this week."}
     texts = [
         b["text"]

@@ -153,7 +153,7 @@ def test_a_simulated_user_answers_until_its_replies_run_out(client, base_image, 
     task = _one(tmp_path, user={"replies": ["Before noon, please."]})
     steps = [{"kind": "say", "content": "When should I call?"}, {"kind": "say", "content": "Noted: before noon."}]
     episode, _ = attempt(
-        task, "functions", _steps(tmp_path, {"claw-shell": steps}), client, base_image, limits=Limits(max_steps=5)
+        task, "functions", _steps(tmp_path, {"claw-shell": steps}), client, base_image, limits=Limits(episode_steps=5)
     )
     assert [m["content"] for m in episode.dialogue[1:]] == [
         "When should I call?",
@@ -180,7 +180,7 @@ def test_a_simulated_user_played_by_a_model_answers_in_its_persona(
     steps = [{"kind": "say", "content": "When should I call?"}, {"kind": "say", "content": "Noted: before noon."}]
     monkeypatch.setenv("OPENAI_BASE_URL", url)
     episode, _ = attempt(
-        task, "functions", _steps(tmp_path, {"claw-shell": steps}), client, base_image, limits=Limits(max_steps=5)
+        task, "functions", _steps(tmp_path, {"claw-shell": steps}), client, base_image, limits=Limits(episode_steps=5)
     )
     assert [m["content"] for m in episode.dialogue[1:]] == [
         "When should I call?",

@@ -71,3 +71,25 @@ def test_a_collection_needs_its_teachers():
         validated(CollectRunConfig, {"tasks": "t.jsonl"}, where="c.yaml")
     with pytest.raises(ConfigError, match="predictions: unknown key"):
         validated(CollectRunConfig, {"tasks": "t.jsonl", "models": "noop", "predictions": "gold"})
+
+
+def test_a_flag_not_given_takes_the_configs_default_which_its_help_states():
+    """The commands' flags default to "not given", so each default lives in its config class;
+    where a flag's help states it, it states that one."""
+    import inspect
+    import re
+    import typing
+
+    from orchard.eval import cli
+
+    for command, config in ((cli.eval_, EvalConfig), (cli.collect, CollectRunConfig)):
+        hints = typing.get_type_hints(command, include_extras=True)
+        for name, parameter in inspect.signature(command).parameters.items():
+            options = [m for m in getattr(hints.get(name), "__metadata__", ()) if hasattr(m, "help")]
+            key = {"model": "models", "harness": "harnesses"}.get(name, name)
+            if key not in config.model_fields or not options:
+                continue
+            assert parameter.default in (None, False), f"--{name} defaults to {parameter.default!r}"
+            stated = re.search(r"\(default:? ([^,)]+)\)", options[0].help or "")
+            if stated and key not in ("max_tokens", "temperature", "request_timeout", "harnesses"):
+                assert stated.group(1) == str(config.model_fields[key].default), name

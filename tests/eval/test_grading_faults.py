@@ -126,7 +126,7 @@ def test_a_failing_model_server_and_a_dying_sandbox_abort_with_the_reason(client
             ScriptedModel("gold").session(task, harness_factory("tools")()),
             box,
             model_name="x",
-            limits=Limits(max_steps=1),
+            limits=Limits(episode_steps=1),
         )
         assert episode.status == "truncated"  # one step allowed, not submitted
         dying = run_episode(task, harness_factory("bash")(), Killer(), box, model_name="killer")

@@ -441,7 +441,7 @@ def test_the_models_own_endings_are_its_outcome_and_only_the_machines_are_errors
             [task],
             ["bash"],
             len(behaviours),
-            agent_solver(model, Limits(max_steps=3, max_format_errors=2), store=store),
+            agent_solver(model, Limits(episode_steps=3, max_format_errors=2), store=store),
             client=client,
             prepare=Prepare(example_repos),
             config={"test": "endings"},

@@ -308,7 +308,7 @@ def work(box: Sandbox, task: AttackPages, harness: str) -> tuple[Episode, float]
     model = ScriptedModel("solution")
     started = time.monotonic()
     episode = run_episode(
-        task, worker, model.session(task, worker), box, model_name=model.name, limits=Limits(max_steps=10)
+        task, worker, model.session(task, worker), box, model_name=model.name, limits=Limits(episode_steps=10)
     )
     return episode, time.monotonic() - started
 

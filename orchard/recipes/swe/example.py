@@ -20,4 +20,10 @@ def prepare(config: dict[str, Any], examples: Path) -> None:
         capture_output=True,
     )
     config["repos"] = str(repos)
-    config["eval"] = {"enabled": True, "harnesses": ["bash", "tools", "cli"], "samples": 2, "episode_steps": 3}
+    config["eval"] = {
+        "enabled": True,
+        "harnesses": ["bash", "tools", "cli"],
+        "samples": 2,
+        "episode_steps": 3,
+        "max_tokens": 16,
+    }
