@@ -38,6 +38,7 @@ from orchard.recipes.gui.site import (
     parse_log,
     replay,
 )
+from orchard.recipes.gui.task import SOURCES
 
 ROOT = Path(__file__).resolve().parents[2]
 SITES = ROOT / "examples" / "gui" / "sites"
@@ -72,6 +73,14 @@ class Served:
         return self.orchard("state").json()
 
 
+def _program(folder: Path) -> str:
+    """The server laid out in `folder` as the sandbox has it (`GuiTask.serve`): `site.py` beside its
+    HTTP layer; the path of `site.py`."""
+    for source in SOURCES:
+        (folder / source.name).write_bytes(source.read_bytes())
+    return str(folder / "site.py")
+
+
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
     """`serve(site, data)` starts `site`'s server on a free loopback port; each is stopped after the test."""
@@ -81,7 +90,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
         folder = tmp_path / f"site-{len(started)}"
         folder.mkdir()
         (folder / "data.json").write_text(json.dumps(data))
-        command = [sys.executable, "-S", runtime.__file__, str(SITES / f"{site}.py"), "--data", "data.json"]
+        command = [sys.executable, "-S", _program(folder), str(SITES / f"{site}.py"), "--data", "data.json"]
         command += ["--port", "0", "--ready", "ready"]
         if token_file:
             (folder / "token").write_text(TOKEN)
@@ -541,7 +550,7 @@ def test_the_token_file_is_deleted_and_the_environment_can_give_the_token_instea
 def test_a_server_without_a_token_does_not_start(tmp_path):
     (tmp_path / "data.json").write_text("{}")
     done = subprocess.run(
-        [sys.executable, "-S", runtime.__file__, str(SITES / "wiki.py"), "--data", "data.json", "--port", "0"],
+        [sys.executable, "-S", _program(tmp_path), str(SITES / "wiki.py"), "--data", "data.json", "--port", "0"],
         cwd=tmp_path, capture_output=True, text=True, timeout=30, env={},
     )  # fmt: skip
     assert done.returncode != 0 and "no token" in done.stderr

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchard.config import BASE_IMAGE
+from orchard.env.sandboxed import httpd
 from orchard.errors import ConfigError, ImageNotFound, OrchardError
 from orchard.recipes.claw import world as claw_world
 from orchard.recipes.claw.checks import Check, robustness
@@ -66,7 +67,8 @@ PASS = 0.75
 MAX_LOG = 8 << 20
 """Bytes of the services' log read back; a longer one is not graded."""
 MAX_CALLS = 2000
-SOURCES = [Path(claw_world.__file__), Path(claw_world.__file__).with_name("server.py")]
+SOURCES = [Path(claw_world.__file__), Path(claw_world.__file__).with_name("server.py"), Path(httpd.__file__)]
+"""The services' program, copied into the sandbox (`HOME`) and run there."""
 
 JUDGE_ENV = "ORCHARD_CLAW_JUDGE"
 """The model spec of the judge of `judge` checks (e.g. `openai:MODEL`, its server from OPENAI_BASE_URL)."""

@@ -33,8 +33,10 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from orchard.env.sandboxed import httpd
 from orchard.errors import ConfigError, OrchardError
 from orchard.recipes.claw.checks import Check
+from orchard.recipes.gui import site
 from orchard.recipes.gui.site import MAX_LOG_BYTES
 from orchard.tasks.base import Grade, Prepare, Step, TaskBase
 
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 
 SITE_PORT = 8000
 HOME = "/opt/orchard-gui"
+SOURCES = [Path(site.__file__), Path(httpd.__file__)]
+"""The site server's program, copied into the sandbox (`HOME`) with the site's module (`app.py`)."""
 MAX_LOG = MAX_LOG_BYTES + 64 * 1024
 """Bytes of a site's log the host reads back: its entries and their wrapping."""
 BLOCKED_SCHEMES = ("javascript", "data", "blob", "chrome", "devtools", "view-source", "chrome-extension", "about")
@@ -227,11 +231,10 @@ class GuiTask(BrowserTask):
         return f"http://127.0.0.1:{SITE_PORT}{self.start_path}"
 
     def serve(self, box: Sandbox) -> None:
-        from orchard.recipes.gui import site
-
         token = secrets.token_hex(16)
         _TOKENS[box.id] = token
-        box.write_file(f"{HOME}/site.py", Path(site.__file__).read_bytes())
+        for source in SOURCES:
+            box.write_file(f"{HOME}/{source.name}", source.read_bytes())
         box.write_file(f"{HOME}/app.py", Path(self.site).read_bytes())
         box.write_file(f"{HOME}/data.json", json.dumps(self.data))
         box.write_file(f"{HOME}/token", token, mode=0o600)  # the server reads it, then deletes it
