@@ -24,6 +24,7 @@ from urllib.parse import urlencode, urlsplit
 import httpx
 import pytest
 
+from orchard.env.bundle import build_bundle
 from orchard.errors import ConfigError, InvalidRequest, TooLarge
 from orchard.recipes.claw.checks import Check
 from orchard.recipes.gui import site as runtime
@@ -83,15 +84,23 @@ def _program(folder: Path) -> str:
 
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """`serve(site, data)` starts `site`'s server on a free loopback port; each is stopped after the test."""
+    """`serve(site, data)` starts `site`'s server on a free loopback port; each is stopped after the
+    test. `python` is the interpreter's argv (default: this one's, with `-S`)."""
     started: list[Served] = []
 
-    def start(site: str, data: dict[str, Any], *, token_file: bool = True, env: dict[str, str] | None = None) -> Served:
+    def start(
+        site: str,
+        data: dict[str, Any],
+        *,
+        token_file: bool = True,
+        env: dict[str, str] | None = None,
+        python: list[str] | None = None,
+    ) -> Served:
         folder = tmp_path / f"site-{len(started)}"
         folder.mkdir()
         (folder / "data.json").write_text(json.dumps(data))
-        command = [sys.executable, "-S", _program(folder), str(SITES / f"{site}.py"), "--data", "data.json"]
-        command += ["--port", "0", "--ready", "ready"]
+        command = [*(python or [sys.executable, "-S"]), _program(folder), str(SITES / f"{site}.py")]
+        command += ["--data", "data.json", "--port", "0", "--ready", "ready"]
         if token_file:
             (folder / "token").write_text(TOKEN)
             command += ["--token-file", "token"]
@@ -545,6 +554,19 @@ def test_the_token_file_is_deleted_and_the_environment_can_give_the_token_instea
     )
     assert by_env.orchard("health").status_code == 200 and by_env.orchard("health", token=None).status_code == 403
     assert served.orchard("health").status_code == 200
+
+
+def test_every_site_serves_on_the_bundles_interpreter(serve):
+    """As in a sandbox, where the server runs on the bundle's interpreter (here where it is built),
+    which carries what the server and each site import."""
+    bundle = build_bundle()
+    home = str(bundle.path)
+    for site in SITE_CLASSES:
+        data = next(task["data"] for task in TASKS.values() if task["site"] == site)
+        served = serve(site, data, python=bundle.python(home), env=bundle.environment(home))
+        assert Path(f"/proc/{served.process.pid}/exe").resolve() == bundle.path / "lib" / bundle.linker
+        assert served.http.get("/").status_code == 200
+        assert served.orchard("health").json() == {"status": "ok", "site": site, "logged": 0}
 
 
 def test_a_server_without_a_token_does_not_start(tmp_path):

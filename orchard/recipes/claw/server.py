@@ -1,6 +1,6 @@
 """The Claw services as one real HTTP server, inside a task's sandbox, on its loopback only.
 
-    python3 -S server.py SETUP.json PORT READY_FILE
+    PYTHON -S server.py SETUP.json PORT READY_FILE
 
 Serves `orchard/recipes/claw/world.py`'s routes for the world `SETUP.json` describes, on 127.0.0.1:PORT
 (never another address: the host reaches it through the exec agent), and writes READY_FILE once
@@ -9,8 +9,9 @@ the services were asked, endpoint and arguments, in order: what the host replays
 `GET health`. Nothing resets the log: a service's own reset (`POST /<service>/reset`) is a call
 like the others, logged and replayed.
 
-Standard library only, for the sandbox's own Python (3.9 or newer); it sits beside `world.py` and
-its HTTP layer, `orchard/env/sandboxed/httpd.py`.
+Standard library only. In the sandbox PYTHON is the bundle's interpreter
+(`orchard.env.bundle.sandbox_python`), so the image needs no Python of its own; this file lies
+beside `world.py` and its HTTP layer, `orchard/env/sandboxed/httpd.py`.
 """
 
 from __future__ import annotations

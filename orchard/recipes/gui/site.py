@@ -11,7 +11,7 @@ agent works it through a browser; and on the host, where the grade replays the s
 fresh instance (`replay`) and checks the state that comes out. The sandbox's word on the state is
 never taken.
 
-    python3 -S site.py SITE_FILE --data DATA.json --port 8000 [--token-file FILE] [--ready READY_FILE]
+    PYTHON -S site.py SITE_FILE --data DATA.json --port 8000 [--token-file FILE] [--ready READY_FILE]
 
 serves the site SITE_FILE defines, made from DATA.json (a JSON object), on 127.0.0.1:PORT only (the
 host reaches it through the exec agent), and writes the port to READY_FILE once it listens (PORT 0
@@ -36,9 +36,12 @@ Bounds on what the browser sends: a request line of `MAX_URL` bytes (414), a hea
 (431), a body of `MAX_BODY` (413), `MAX_FIELDS` form or query fields (400), forms urlencoded only
 (415), no chunked bodies (411).
 
-Standard library only, for the sandbox's own Python (3.9 or newer), run with `-S`; in the sandbox
-the HTTP layer, `orchard/env/sandboxed/httpd.py`, lies beside this file. A site module imports
-what it needs of this file with `from orchard.recipes.gui.site import ...`; when this file runs as
+Standard library only. In the sandbox PYTHON is the bundle's interpreter
+(`orchard.env.bundle.sandbox_python`), so the image needs no Python of its own, and the HTTP layer,
+`orchard/env/sandboxed/httpd.py`, lies beside this file. A site module may import what the bundle
+carries of the standard library (`orchard.env.bundle.SERVER_MODULES` and what they import: `re`,
+`datetime`, `json`, `html`, `math`, ...); another is missing there, and the site does not start. It
+imports what it needs of this file with `from orchard.recipes.gui.site import ...`; when this file runs as
 the server it registers itself under that name first, so the same line works in the sandbox, where
 only this file, its HTTP layer and the site's are copied, and on the host.
 """

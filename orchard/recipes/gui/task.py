@@ -33,6 +33,7 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from orchard.env.bundle import sandbox_python
 from orchard.env.sandboxed import httpd
 from orchard.errors import ConfigError, OrchardError
 from orchard.recipes.claw.checks import Check
@@ -47,7 +48,8 @@ if TYPE_CHECKING:
 SITE_PORT = 8000
 HOME = "/opt/orchard-gui"
 SOURCES = [Path(site.__file__), Path(httpd.__file__)]
-"""The site server's program, copied into the sandbox (`HOME`) with the site's module (`app.py`)."""
+"""The site server's program, copied into the sandbox (`HOME`) with the site's module (`app.py`) and
+run there on the bundle's interpreter."""
 MAX_LOG = MAX_LOG_BYTES + 64 * 1024
 """Bytes of a site's log the host reads back: its entries and their wrapping."""
 BLOCKED_SCHEMES = ("javascript", "data", "blob", "chrome", "devtools", "view-source", "chrome-extension", "about")
@@ -240,7 +242,7 @@ class GuiTask(BrowserTask):
         box.write_file(f"{HOME}/token", token, mode=0o600)  # the server reads it, then deletes it
         started = box.exec(
             f"cd {HOME} && rm -f ready && "
-            f"(setsid python3 -S site.py app.py --port {SITE_PORT}"
+            f"(setsid {sandbox_python()} site.py app.py --port {SITE_PORT}"
             " --data data.json --token-file token --ready ready >log 2>&1 </dev/null &) && "
             "for _ in $(seq 5000); do [ -e ready ] && exit 0; sleep 0.002; done; cat log >&2; exit 1",
             timeout=30,
