@@ -100,15 +100,17 @@ SERVER_MODULES = [
     "html",
     "json",
     "re",
+    "socket",
     "socketserver",
     "string",
+    "subprocess",
     "threading",
     "time",
     "traceback",
     "urllib.parse",
 ]
 """What Orchard's programs in sandboxes import (the Claw services, the GUI sites and their HTTP
-layer, `orchard.env.sandboxed.httpd`), lazily too (`hashlib`: the Claw world's injected errors at a
+layer, `orchard.env.sandboxed.httpd`, the script that starts Chromium), lazily too (`hashlib`: the Claw world's injected errors at a
 rate; it brings libcrypto), and what a GUI site module may import besides (`datetime`, `calendar`,
 `html`, `string`): bundled with their closure whatever the agent imports, since these programs run
 on the bundle's interpreter (`sandbox_python`)."""

@@ -1,7 +1,8 @@
 """A gui task's site served where the image has no Python: `GuiTask.serve` starts the site's server
 on the bundle's interpreter, here in sandboxes of the static busybox image (no Python, no libc);
 its pages answer, its log comes back behind the token, and the host's replay grades it. No browser:
-the requests are sent through the exec agent, as Chromium's would be."""
+the requests are sent through the exec agent, as Chromium's would be; the script that starts
+Chromium runs on the bundle's interpreter too."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from urllib.parse import urlencode
 
 import pytest
 
+from orchard.recipes.gui.browser import start_command
 from orchard.recipes.gui.task import SITE_PORT, GuiTask
 from orchard.tasks.loading import load_tasks
 
@@ -56,3 +58,12 @@ def test_a_booking_made_in_an_image_without_python_grades_resolved(client, busyb
     assert [(c["endpoint"], c["status"]) for c in json.loads(submission)["log"]] == [("/book", 200)]
     grade = task.grade(None, submission)
     assert grade.resolved and grade.score == 1.0, grade.checks
+
+
+def test_the_browsers_start_script_runs_in_an_image_without_python(client, busybox_image):
+    """`start_command` runs its script on the bundle's interpreter too: in an image with neither
+    Python nor Chromium, the script itself says that Chromium could not start."""
+    with client.create(busybox_image, network="blocked") as box:
+        started = box.exec(start_command((800, 600), wait=1), timeout=30)
+    assert started.exit_code == 1, started
+    assert started.stdout.startswith("it could not start\n"), started.stdout + started.stderr
