@@ -32,6 +32,7 @@ from orchard.agents.base import Action
 from orchard.config import BASE_IMAGE
 from orchard.env import Client
 from orchard.recipes.claw.harnesses import FunctionsHarness
+from orchard.recipes.claw.task import SOURCES
 from orchard.tasks.loading import load_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,8 +105,9 @@ def _bare_calls(task, calls: int) -> list[float]:
         port = probe.getsockname()[1]
     with tempfile.TemporaryDirectory() as folder:
         Path(folder, "setup.json").write_text(json.dumps(task.setup()))
-        server = ROOT / "orchard/recipes/claw/server.py"
-        proc = subprocess.Popen([sys.executable, str(server), "setup.json", str(port), "ready"], cwd=folder)
+        for source in SOURCES:  # laid out as in the sandbox: the server, the world, the HTTP layer
+            Path(folder, source.name).write_bytes(source.read_bytes())
+        proc = subprocess.Popen([sys.executable, "-S", "server.py", "setup.json", str(port), "ready"], cwd=folder)
         try:
             while not Path(folder, "ready").exists():
                 time.sleep(0.01)

@@ -9,7 +9,9 @@ default) and starts the agent with it:
         /.orchard/bin/python3 -s -S -B /.orchard/agent/server.py --unix ... --workdir ...
 
 with `PYTHONHOME=/.orchard PYTHONUTF8=1 PYTHONDONTWRITEBYTECODE=1` (see `Bundle.command` and
-`Bundle.environment`).
+`Bundle.environment`). Orchard's own programs in sandboxes (`orchard.env.sandboxed`: the Claw
+services, the GUI sites) run on the same interpreter, so they too need no Python in the image: a
+task starts them with `sandbox_python()`, the shell words of `Bundle.python` and its environment.
 
 Why through the bundled dynamic linker: the interpreter's ELF header names the host's linker
 (`/lib64/ld-linux-x86-64.so.2`), which the image may lack or carry in another glibc version.
@@ -31,10 +33,11 @@ What is carried (layout):
   symbols stripped when `strip` is available;
 * `lib/python3XY.zip`: the pure-Python standard library modules the agent imports (the import
   closure of the agent file, computed by importing it in the same interpreter, plus a few
-  modules the standard library imports lazily: see `LAZY_MODULES`) and the whole `encodings`
-  package, as unchecked hash-based `.pyc`, stored uncompressed so zipimport needs no zlib.
-  CPython puts `$PYTHONHOME/lib/python3XY.zip` on `sys.path` by itself; with
-  `PYTHONHOME` set it searches no landmark, so startup prints no warning;
+  modules the standard library imports lazily, `LAZY_MODULES`, and those Orchard's programs in
+  sandboxes import, `SERVER_MODULES`) and the whole `encodings` package, as unchecked
+  hash-based `.pyc`, stored uncompressed so zipimport needs no zlib. CPython puts
+  `$PYTHONHOME/lib/python3XY.zip` on `sys.path` by itself; with `PYTHONHOME` set it searches no
+  landmark, so startup prints no warning;
 * `lib/python3.X/lib-dynload/`: the extension modules of that closure;
 * `agent/server.py`: the agent; `bundle.json`: a manifest (linker name, versions, counts).
 
@@ -62,6 +65,7 @@ import marshal
 import os
 import platform
 import re
+import shlex
 import shutil
 import struct
 import subprocess
@@ -88,6 +92,28 @@ LAZY_MODULES = ["encodings.ascii", "encodings.latin_1", "encodings.utf_8", "fcnt
 """Imported only when needed by code paths an agent hits: the common codecs, `tarfile.open`
 with "r:*" (gzip), `socketserver`'s error handler (traceback), the terminal of ``/pty`` (fcntl,
 termios). Bundled with their closure."""
+SERVER_MODULES = [
+    "calendar",
+    "copy",
+    "datetime",
+    "hashlib",
+    "html",
+    "json",
+    "re",
+    "socket",
+    "socketserver",
+    "string",
+    "subprocess",
+    "threading",
+    "time",
+    "traceback",
+    "urllib.parse",
+]
+"""What Orchard's programs in sandboxes import (the Claw services, the GUI sites and their HTTP
+layer, `orchard.env.sandboxed.httpd`, the script that starts Chromium), lazily too (`hashlib`: the Claw world's injected errors at a
+rate; it brings libcrypto), and what a GUI site module may import besides (`datetime`, `calendar`,
+`html`, `string`): bundled with their closure whatever the agent imports, since these programs run
+on the bundle's interpreter (`sandbox_python`)."""
 SUBREAPER_X86_64 = bytes.fromhex(
     "bf24000000"  # mov edi, 36: PR_SET_CHILD_SUBREAPER
     "be01000000"  # mov esi, 1
@@ -129,8 +155,9 @@ class Bundle:
         """File name of the bundled dynamic linker, e.g. `ld-linux-x86-64.so.2`."""
         return str(self.manifest["linker"])
 
-    def command(self, mount: str = DEFAULT_MOUNT) -> list[str]:
-        """The argv starting the agent when the bundle is mounted at `mount`; append agent args."""
+    def python(self, mount: str = DEFAULT_MOUNT) -> list[str]:
+        """The argv of the bundle's interpreter when the bundle is mounted at `mount`; append a
+        standard-library program and its arguments, and run it with `environment(mount)`."""
         return [
             f"{mount}/lib/{self.linker}",
             "--library-path",
@@ -139,8 +166,11 @@ class Bundle:
             "-s",
             "-S",
             "-B",
-            f"{mount}/agent/server.py",
         ]
+
+    def command(self, mount: str = DEFAULT_MOUNT) -> list[str]:
+        """The argv starting the agent when the bundle is mounted at `mount`; append agent args."""
+        return [*self.python(mount), f"{mount}/agent/server.py"]
 
     def environment(self, mount: str = DEFAULT_MOUNT) -> dict[str, str]:
         """The environment variables the interpreter needs when the bundle is mounted at `mount`."""
@@ -149,6 +179,20 @@ class Bundle:
     def size(self) -> int:
         """Total size of the bundle's files, in bytes."""
         return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+
+
+def sandbox_python(mount: str = DEFAULT_MOUNT) -> str:
+    """Shell words that run the bundle's interpreter inside a sandbox, where the bundle is mounted
+    at `mount` (both backends mount it at `DEFAULT_MOUNT`): `env`, `Bundle.environment`, then
+    `Bundle.python`; append a standard-library program and its arguments. The dynamic linker is
+    named by a glob, the one `ld-*` of the bundle's `lib/`, which the sandbox's shell expands, so
+    the host needs no bundle of its own (a client of a remote service may run on another system).
+    The image needs a POSIX shell and `env`, no Python."""
+    home = shlex.quote(mount)
+    return (
+        f"env PYTHONHOME={home} PYTHONUTF8=1 PYTHONDONTWRITEBYTECODE=1 "
+        f"{home}/lib/ld-* --library-path {home}/lib {home}/bin/python3 -s -S -B"
+    )
 
 
 def build_bundle(agent: Path = DEFAULT_AGENT, cache_dir: Path | None = None) -> Bundle:
@@ -313,7 +357,7 @@ def _module_closure(interpreter: Path, agent: Path) -> _Closure:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "closure.json"
         argv = [str(interpreter), "-I", "-S", "-B", "-c", _PROBE, str(agent), str(out)]
-        argv += LAZY_MODULES
+        argv += [*LAZY_MODULES, *SERVER_MODULES]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp)
         if proc.returncode != 0 or not out.is_file():
             last = proc.stderr.strip().splitlines()[-1:] or ["no output"]

@@ -12,6 +12,7 @@ import pytest
 from orchard.agents.loop import Limits
 from orchard.agents.models import ScriptedModel
 from orchard.eval.attempt import attempt
+from orchard.recipes.claw import world as claw_world
 from orchard.recipes.claw.task import PORT
 from orchard.tasks.loading import load_tasks
 
@@ -38,6 +39,34 @@ def test_a_do_nothing_agent_fails_and_an_unsafe_one_scores_zero(client, base_ima
     assert not idle.resolved and idle.score < 0.75
     _, unsafe = attempt(task, HARNESSES[(index + 1) % 3], ScriptedModel("unsafe"), client, base_image)
     assert unsafe.outcome == "unsafe" and unsafe.score == 0.0, unsafe.checks
+
+
+NO_PYTHON = "which python3 || which python"
+"""Fails in an image without a Python of its own."""
+
+
+def test_a_task_runs_with_its_services_in_an_image_without_python(client, busybox_image):
+    """The services run on the bundle's interpreter: in the static busybox image, with no Python
+    (or libc) of its own, a perfect agent passes a task of four services and two injected errors."""
+    task = next(t for t in TASKS if t.instance_id == "claw-weekly-report")
+    with client.create(busybox_image) as box:
+        assert box.exec(NO_PYTHON).exit_code != 0
+    episode, grade = attempt(task, "functions", ScriptedModel("gold"), client, busybox_image)
+    assert episode.status == "completed", episode.error
+    assert grade.resolved and grade.score == 1.0, grade.checks
+
+
+def test_errors_injected_at_a_rate_in_an_image_without_python_replay_as_they_ran(client, busybox_image, tmp_path):
+    """Errors at a rate are drawn from a hash (the world's `injected`, which imports hashlib when it
+    first needs one): the bundle's interpreter draws the same as the host's replay."""
+    task = _one(tmp_path, errors={"rate": 0.5, "seed": 7, "delay": 0})
+    with client.create(busybox_image) as box:
+        assert box.exec(NO_PYTHON).exit_code != 0
+        task.start(box)
+        statuses = [box.http("/todo/create", port=PORT, json={"title": f"t{n}"}).status for n in range(12)]
+        calls = json.loads(task.submission(box))["calls"]
+    assert len(set(statuses)) > 1  # some calls failed, some did not
+    assert [entry["status"] for entry in claw_world.replay(task.setup(), calls).log] == statuses
 
 
 def _steps(tmp_path, steps):

@@ -10,12 +10,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from orchard.errors import ConfigError
 from orchard.recipes.claw import world as claw_world
+from orchard.recipes.claw.task import SOURCES
 from orchard.tasks.checks import Check, matches, robustness
 from orchard.tasks.loading import load_tasks
 
@@ -112,8 +112,9 @@ def server(tmp_path):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     (tmp_path / "setup.json").write_text(json.dumps(SETUP))
-    script = Path(claw_world.__file__).with_name("server.py")
-    proc = subprocess.Popen([sys.executable, str(script), "setup.json", str(port), "ready"], cwd=tmp_path)
+    for source in SOURCES:  # laid out as in the sandbox: the server, the world and the HTTP layer
+        (tmp_path / source.name).write_bytes(source.read_bytes())
+    proc = subprocess.Popen([sys.executable, "-S", "server.py", "setup.json", str(port), "ready"], cwd=tmp_path)
     for _ in range(500):
         if (tmp_path / "ready").exists():
             break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import os
@@ -21,7 +22,7 @@ import httpx
 import pytest
 
 from orchard.env import bundle as bundle_module
-from orchard.env.bundle import DEFAULT_AGENT, Bundle, build_bundle, elf_interpreter
+from orchard.env.bundle import DEFAULT_AGENT, Bundle, build_bundle, elf_interpreter, sandbox_python
 from orchard.env.calls import split_exec_answer
 from orchard.errors import ConfigError
 
@@ -87,6 +88,68 @@ def test_contract(bundle: Bundle) -> None:
         "PYTHONUTF8": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
+    assert bundle.python("/m") == bundle.command("/m")[:-1]
+
+
+def test_sandbox_python_is_the_bundles_interpreter_and_its_environment(bundle: Bundle) -> None:
+    """The shell words a task starts its programs with, the bundle "mounted" where it is: the
+    shell expands the linker's glob, and the words are `Bundle.python` behind its environment."""
+    words = sandbox_python(str(bundle.path))
+    shown = subprocess.run(
+        ["sh", "-c", f"set -- {words}; for word; do echo $word; done"], capture_output=True, text=True, check=True
+    )
+    env = [f"{name}={value}" for name, value in bundle.environment(str(bundle.path)).items()]
+    assert shown.stdout.splitlines() == ["env", *env, *bundle.python(str(bundle.path))]
+    code = "import json, sys; print(json.dumps([sys.prefix, sys.flags.utf8_mode, sys.flags.no_site]))"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    ran = subprocess.run(["sh", "-c", f"{words} -c '{code}'"], env=clean, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and ran.stderr == "", ran.stderr
+    assert json.loads(ran.stdout) == [str(bundle.path), 1, 1]
+
+
+SANDBOXED = [
+    "orchard/env/sandboxed/httpd.py",
+    "orchard/recipes/claw/server.py",
+    "orchard/recipes/claw/world.py",
+    "orchard/recipes/gui/site.py",
+    "examples/gui/sites/*.py",
+]
+"""Orchard's programs in sandboxes and the modules they load there, which run on the bundle's interpreter."""
+
+
+def _imported(node: ast.AST) -> list[str]:
+    """The modules an import statement names (none for another node, or a relative import)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    return [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else []
+
+
+def _sandbox_imports(source: str) -> set[str]:
+    """The standard library modules `source` imports where it may run in a sandbox: everywhere but
+    in a function that imports Orchard, which only the host has (`load_site`, `parse_log`)."""
+    tree = ast.parse(source)
+    host_only = set()
+    for function in ast.walk(tree):
+        if isinstance(function, ast.FunctionDef):
+            inside = list(ast.walk(function))
+            if any(name.split(".")[0] == "orchard" for node in inside for name in _imported(node)):
+                host_only |= {id(node) for node in inside}
+    names = {name for node in ast.walk(tree) if id(node) not in host_only for name in _imported(node)}
+    return {name for name in names if name.split(".")[0] in sys.stdlib_module_names}
+
+
+def test_the_bundle_carries_what_the_programs_in_sandboxes_import(bundle: Bundle) -> None:
+    root = Path(bundle_module.__file__).parents[2]
+    imported = set()
+    for pattern in SANDBOXED:
+        files = sorted(root.glob(pattern))
+        assert files, pattern
+        for file in files:
+            imported |= _sandbox_imports(file.read_text())
+    assert {"datetime", "hashlib", "socketserver", "traceback", "urllib.parse"} <= imported  # lazy ones too
+    assert "pathlib" not in imported  # `load_site`'s, on the host
+    proc = _host_python(bundle, f"import {', '.join(sorted(imported))}")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
 def test_interpreter_runs_from_the_bundle_only(bundle: Bundle) -> None:

@@ -83,6 +83,8 @@ def test_a_pooled_browser_sandbox_has_chromium_running_before_launch(fresh, brow
         assert chromium(box) == ""  # `launch` starts it
         cold = created + first_screenshot(box)
         assert chromium(box) != ""
+        environ = box.exec(f"tr '\\0' '\\n' < /proc/{chromium(box)}/environ").stdout
+        assert "PATH=" in environ and "PYTHONHOME=" not in environ  # the start script's interpreter keeps its own
 
     fresh.warm(browser_image, 1, **sandbox_args(task))
     warm = []

@@ -24,6 +24,7 @@ from urllib.parse import urlencode, urlsplit
 import httpx
 import pytest
 
+from orchard.env.bundle import build_bundle
 from orchard.errors import ConfigError, InvalidRequest, TooLarge
 from orchard.recipes.gui import site as runtime
 from orchard.recipes.gui.site import (
@@ -37,6 +38,7 @@ from orchard.recipes.gui.site import (
     parse_log,
     replay,
 )
+from orchard.recipes.gui.task import SOURCES
 from orchard.tasks.checks import Check
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,17 +74,33 @@ class Served:
         return self.orchard("state").json()
 
 
+def _program(folder: Path) -> str:
+    """The server laid out in `folder` as the sandbox has it (`GuiTask.serve`): `site.py` beside its
+    HTTP layer; the path of `site.py`."""
+    for source in SOURCES:
+        (folder / source.name).write_bytes(source.read_bytes())
+    return str(folder / "site.py")
+
+
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """`serve(site, data)` starts `site`'s server on a free loopback port; each is stopped after the test."""
+    """`serve(site, data)` starts `site`'s server on a free loopback port; each is stopped after the
+    test. `python` is the interpreter's argv (default: this one's, with `-S`)."""
     started: list[Served] = []
 
-    def start(site: str, data: dict[str, Any], *, token_file: bool = True, env: dict[str, str] | None = None) -> Served:
+    def start(
+        site: str,
+        data: dict[str, Any],
+        *,
+        token_file: bool = True,
+        env: dict[str, str] | None = None,
+        python: list[str] | None = None,
+    ) -> Served:
         folder = tmp_path / f"site-{len(started)}"
         folder.mkdir()
         (folder / "data.json").write_text(json.dumps(data))
-        command = [sys.executable, "-S", runtime.__file__, str(SITES / f"{site}.py"), "--data", "data.json"]
-        command += ["--port", "0", "--ready", "ready"]
+        command = [*(python or [sys.executable, "-S"]), _program(folder), str(SITES / f"{site}.py")]
+        command += ["--data", "data.json", "--port", "0", "--ready", "ready"]
         if token_file:
             (folder / "token").write_text(TOKEN)
             command += ["--token-file", "token"]
@@ -538,10 +556,23 @@ def test_the_token_file_is_deleted_and_the_environment_can_give_the_token_instea
     assert served.orchard("health").status_code == 200
 
 
+def test_every_site_serves_on_the_bundles_interpreter(serve):
+    """As in a sandbox, where the server runs on the bundle's interpreter (here where it is built),
+    which carries what the server and each site import."""
+    bundle = build_bundle()
+    home = str(bundle.path)
+    for site in SITE_CLASSES:
+        data = next(task["data"] for task in TASKS.values() if task["site"] == site)
+        served = serve(site, data, python=bundle.python(home), env=bundle.environment(home))
+        assert Path(f"/proc/{served.process.pid}/exe").resolve() == bundle.path / "lib" / bundle.linker
+        assert served.http.get("/").status_code == 200
+        assert served.orchard("health").json() == {"status": "ok", "site": site, "logged": 0}
+
+
 def test_a_server_without_a_token_does_not_start(tmp_path):
     (tmp_path / "data.json").write_text("{}")
     done = subprocess.run(
-        [sys.executable, "-S", runtime.__file__, str(SITES / "wiki.py"), "--data", "data.json", "--port", "0"],
+        [sys.executable, "-S", _program(tmp_path), str(SITES / "wiki.py"), "--data", "data.json", "--port", "0"],
         cwd=tmp_path, capture_output=True, text=True, timeout=30, env={},
     )  # fmt: skip
     assert done.returncode != 0 and "no token" in done.stderr

@@ -1,6 +1,6 @@
 """The Claw services as one real HTTP server, inside a task's sandbox, on its loopback only.
 
-    python3 server.py SETUP.json PORT READY_FILE
+    PYTHON -S server.py SETUP.json PORT READY_FILE
 
 Serves `orchard/recipes/claw/world.py`'s routes for the world `SETUP.json` describes, on 127.0.0.1:PORT
 (never another address: the host reaches it through the exec agent), and writes READY_FILE once
@@ -9,7 +9,9 @@ the services were asked, endpoint and arguments, in order: what the host replays
 `GET health`. Nothing resets the log: a service's own reset (`POST /<service>/reset`) is a call
 like the others, logged and replayed.
 
-Standard library only, for the sandbox's own Python (3.9 or newer); it sits beside `world.py`.
+Standard library only. In the sandbox PYTHON is the bundle's interpreter
+(`orchard.env.bundle.sandbox_python`), so the image needs no Python of its own; this file lies
+beside `world.py` and its HTTP layer, `orchard/env/sandboxed/httpd.py`.
 """
 
 from __future__ import annotations
@@ -22,79 +24,43 @@ import time
 
 from world import World
 
+try:
+    from orchard.env.sandboxed import httpd
+except ImportError:  # in the sandbox, where the module lies beside this file
+    import httpd  # type: ignore[no-redef]
+
 MAX_BODY = 1 << 20
-MAX_HEAD = 64 * 1024
-REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    411: "Length Required",
-    413: "Content Too Large",
-    422: "Unprocessable Content",
-    429: "Too Many Requests",
-    500: "Internal Server Error",
-}
+JSON = "application/json"
 
 
-class Handler(socketserver.StreamRequestHandler):
-    """HTTP/1.1 with keep-alive, Content-Length bodies only: all its clients send (the exec agent,
-    `urllib`, `curl`). Not `http.server`, whose imports take longer than the rest of a start."""
+class Handler(httpd.Handler):
+    """The services' connections (`orchard.env.sandboxed.httpd`): JSON bodies of at most `MAX_BODY`
+    bytes, answered in JSON, a refusal too (`{"error": ...}`)."""
 
     server: Server
+    max_body = MAX_BODY
 
-    def handle(self) -> None:
-        while self._one():
-            pass
-
-    def _one(self) -> bool:
-        line = self.rfile.readline(8192)
-        if not line.strip():
-            return False
-        try:
-            method, target, version = line.decode("latin-1").split()
-        except ValueError:
-            return self._answer(400, {"error": "not an HTTP request line"}, close=True)
-        headers: dict[str, str] = {}
-        size = len(line)
-        while True:
-            header = self.rfile.readline(8192)
-            size += len(header)
-            if size > MAX_HEAD:
-                return self._answer(400, {"error": "the request's head is too large"}, close=True)
-            if header in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = header.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip()
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            return self._answer(411, {"error": "send the body with a Content-Length"}, close=True)
-        length = int(headers.get("content-length") or 0) if (headers.get("content-length") or "0").isdigit() else -1
-        if not 0 <= length <= MAX_BODY:
-            return self._answer(413, {"error": f"a request body holds at most {MAX_BODY} bytes"}, close=True)
-        raw = self.rfile.read(length) if length else b""
-        close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
+    def respond(self, method: str, target: str, headers: dict, body: bytes) -> tuple:
         path = target.split("?")[0].rstrip("/")
         if method == "GET":
-            status, answer = self.server.get(path)
-            return self._answer(status, answer, close)
+            return _json(*self.server.get(path))
         if method != "POST":
-            return self._answer(404, {"error": f"no route {method} {path}"}, close)
+            return _json(404, {"error": f"no route {method} {path}"})
         try:
-            body = json.loads(raw) if raw.strip() else {}
+            data = json.loads(body) if body.strip() else {}
         except ValueError as exc:
-            return self._answer(400, {"error": f"the body is not JSON: {exc}"}, close=True)
-        status, answer, delay = self.server.post(path, body)
+            return _json(400, {"error": f"the body is not JSON: {exc}"})
+        status, answer, delay = self.server.post(path, data)
         if delay:
             time.sleep(delay)
-        return self._answer(status, answer, close)
+        return _json(status, answer)
 
-    def _answer(self, status: int, data: object, close: bool) -> bool:
-        payload = json.dumps(data).encode()
-        head = (
-            f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\n{'Connection: close' if close else 'Connection: keep-alive'}\r\n\r\n"
-        )
-        self.wfile.write(head.encode("latin-1") + payload)
-        return not close
+    def refusal(self, status: int, message: str) -> tuple:
+        return JSON, json.dumps({"error": message})
+
+
+def _json(status: int, answer: object) -> tuple:
+    return status, JSON, json.dumps(answer), ""
 
 
 class Server(socketserver.ThreadingTCPServer):

@@ -8,8 +8,9 @@ sandbox, behind a real HTTP server (`orchard/recipes/claw/server.py`), where the
 host, where the grader replays the calls the sandbox logged into a fresh world and reads the state
 that comes out. What the sandbox says the state is never counts, only the calls it was asked.
 
-This file is standard library only and runs on the sandbox's own Python (3.9 or newer): the host
-copies it in.
+This file is standard library only and runs on the bundle's interpreter in the sandbox (the image
+needs no Python: `orchard.env.bundle.sandbox_python`), whose standard library holds what it
+imports (`orchard.env.bundle.SERVER_MODULES`): the host copies it in.
 
 Routes (all under one port): `POST /<service>/<verb>` with the arguments as a JSON body (as
 Claw-Eval's services take them), `GET /<service>/state`, `GET /<service>/audit` (its calls and

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from orchard.env.bundle import sandbox_python
 from orchard.env.client import Sandbox
 from orchard.errors import AgentError, InvalidRequest
 from orchard.recipes.gui.cdp import MAX_MESSAGE, BrowserError, BrowserTimeout, CDPConnection, CDPError
@@ -99,15 +100,20 @@ START_POLL = 0.05
 START_WAIT = 30.0
 """Seconds `start_command` waits for Chromium to listen on its DevTools port, by default."""
 START_SCRIPT = r"""
-import socket, subprocess, sys, time
+import os, socket, subprocess, sys, time
 log, port, wait, argv = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
+env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONUTF8", "PYTHONDONTWRITEBYTECODE")}
 
-def listening():
+def listening():  # not create_connection: its getaddrinfo needs the idna codec, which the bundle lacks
+    probe = socket.socket()
+    probe.settimeout(0.5)
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        probe.connect(("127.0.0.1", port))
         return True
     except OSError:
         return False
+    finally:
+        probe.close()
 
 def fail(why):
     try:
@@ -125,7 +131,7 @@ if listening():
 with open(log, "wb") as out:
     try:
         chromium = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
     except OSError as exc:
         out.write(("could not start %s: %s\n" % (argv[0], exc)).encode())
@@ -139,9 +145,10 @@ while not listening():
         fail("it did not listen on its DevTools port within %g s" % wait)
     time.sleep(0.02)
 """
-"""Run inside the sandbox by `start_command` (stdlib only, `python3 -S`): start Chromium in a session
-of its own, its output to the log, unless something listens on the DevTools port already; exit 0
-once it listens, else 1 with a line saying why, then the log's tail."""
+"""Run inside the sandbox by `start_command` (stdlib only, on the bundle's interpreter): start
+Chromium in a session of its own, its output to the log and without the interpreter's variables in
+its environment, unless something listens on the DevTools port already; exit 0 once it listens,
+else 1 with a line saying why, then the log's tail."""
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 BUTTONS = {"left": 1, "right": 2, "middle": 4}
@@ -833,7 +840,8 @@ def start_command(viewport: tuple[int, int], *, wait: float = START_WAIT) -> str
     `init` (`BrowserTask.sandbox_init`), so a warm pool of them holds sandboxes whose Chromium
     runs already, and `launch` there only opens a fresh context."""
     flags = [*CHROMIUM_FLAGS, f"--window-size={viewport[0]},{viewport[1]}", "about:blank"]
-    return shlex.join(["python3", "-S", "-c", START_SCRIPT, LOG_FILE, str(CDP_PORT), f"{wait:g}", CHROMIUM, *flags])
+    arguments = [LOG_FILE, str(CDP_PORT), f"{wait:g}", CHROMIUM, *flags]
+    return f"{sandbox_python()} -c {shlex.quote(START_SCRIPT)} {shlex.join(arguments)}"
 
 
 def _start_chromium(box: Sandbox, viewport: tuple[int, int], deadline: float) -> None:

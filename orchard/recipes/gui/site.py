@@ -11,7 +11,7 @@ agent works it through a browser; and on the host, where the grade replays the s
 fresh instance (`replay`) and checks the state that comes out. The sandbox's word on the state is
 never taken.
 
-    python3 -S site.py SITE_FILE --data DATA.json --port 8000 [--token-file FILE] [--ready READY_FILE]
+    PYTHON -S site.py SITE_FILE --data DATA.json --port 8000 [--token-file FILE] [--ready READY_FILE]
 
 serves the site SITE_FILE defines, made from DATA.json (a JSON object), on 127.0.0.1:PORT only (the
 host reaches it through the exec agent), and writes the port to READY_FILE once it listens (PORT 0
@@ -36,10 +36,14 @@ Bounds on what the browser sends: a request line of `MAX_URL` bytes (414), a hea
 (431), a body of `MAX_BODY` (413), `MAX_FIELDS` form or query fields (400), forms urlencoded only
 (415), no chunked bodies (411).
 
-Standard library only, for the sandbox's own Python (3.9 or newer), run with `-S`. A site module
-imports what it needs with `from orchard.recipes.gui.site import ...`; when this file runs as the server it
-registers itself under that name first, so the same line works in the sandbox, where only this file
-and the site's are copied, and on the host.
+Standard library only. In the sandbox PYTHON is the bundle's interpreter
+(`orchard.env.bundle.sandbox_python`), so the image needs no Python of its own, and the HTTP layer,
+`orchard/env/sandboxed/httpd.py`, lies beside this file. A site module may import what the bundle
+carries of the standard library (`orchard.env.bundle.SERVER_MODULES` and what they import: `re`,
+`datetime`, `json`, `html`, `math`, ...); another is missing there, and the site does not start. It
+imports what it needs of this file with `from orchard.recipes.gui.site import ...`; when this file runs as
+the server it registers itself under that name first, so the same line works in the sandbox, where
+only this file, its HTTP layer and the site's are copied, and on the host.
 """
 
 from __future__ import annotations
@@ -50,7 +54,13 @@ import os
 import socketserver
 import sys
 import threading
+from _operator import _compare_digest  # hmac's, without the import of hashlib (and libcrypto) hmac makes
 from urllib.parse import parse_qsl, quote, unquote
+
+try:
+    from orchard.env.sandboxed import httpd
+except ImportError:  # in the sandbox, where the module lies beside this file
+    import httpd  # type: ignore[no-redef]
 
 MAX_URL = 8 * 1024
 MAX_HEAD = 64 * 1024
@@ -65,22 +75,6 @@ MAX_RECORDS = 500
 TOKEN_HEADER = "X-Orchard-Token"
 TOKEN_ENV = "ORCHARD_SITE_TOKEN"
 """Where the server finds its token when no `--token-file` names one."""
-REASONS = {
-    200: "OK",
-    303: "See Other",
-    400: "Bad Request",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    411: "Length Required",
-    413: "Content Too Large",
-    414: "URI Too Long",
-    415: "Unsupported Media Type",
-    422: "Unprocessable Content",
-    429: "Too Many Requests",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-}
 
 
 class Request:
@@ -458,74 +452,15 @@ def entry(request: Request, response: Response) -> dict:
     }
 
 
-class Handler(socketserver.StreamRequestHandler):
-    """HTTP/1.1 with keep-alive, Content-Length bodies only: what Chromium, `urllib` and `httpx` send.
-    Not `http.server`, whose imports take longer than the rest of a start."""
+class Handler(httpd.Handler):
+    """The site's connections (`orchard.env.sandboxed.httpd`): a request line of `MAX_URL` bytes, a
+    head of `MAX_HEAD`, a body of `MAX_BODY`; each request answered by the `Server`."""
 
     server: Server
+    max_line, max_head, max_body = MAX_URL, MAX_HEAD, MAX_BODY
 
-    def handle(self) -> None:
-        while self._one():
-            pass
-
-    def _one(self) -> bool:
-        line = self.rfile.readline(MAX_URL + 1)
-        if not line:
-            return False
-        if not line.endswith(b"\n"):
-            return self._send(414, f"a request line holds at most {MAX_URL} bytes", close=True)
-        if not line.strip():
-            return True  # a blank line between requests: allowed, and skipped
-        try:
-            method, target, version = line.decode("latin-1").split()
-        except ValueError:
-            return self._send(400, "not an HTTP request line", close=True)
-        headers: dict = {}
-        size = len(line)
-        while True:
-            header = self.rfile.readline(MAX_HEAD + 1)
-            size += len(header)
-            if size > MAX_HEAD or len(headers) > 100:
-                return self._send(431, f"a request's head holds at most {MAX_HEAD} bytes and 100 headers", close=True)
-            if header in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = header.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip()
-        if headers.get("transfer-encoding"):
-            return self._send(411, "send the body with a Content-Length", close=True)
-        declared = headers.get("content-length") or "0"
-        if not declared.isdigit() or len(declared) > 12:
-            return self._send(400, "the Content-Length is not a number", close=True)
-        length = int(declared)
-        if length > MAX_BODY:
-            if length <= 16 * MAX_BODY:  # read it, so that the client reads the answer rather than a reset
-                self.rfile.read(length)
-            return self._send(413, f"a request body holds at most {MAX_BODY} bytes", close=True)
-        body = self.rfile.read(length) if length else b""
-        if len(body) < length:
-            return False
-        close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
-        status, content_type, payload, location = self.server.respond(method, target, headers, body)
-        return self._send(status, payload, close=close, content_type=content_type, location=location)
-
-    def _send(
-        self,
-        status: int,
-        payload: str,
-        *,
-        close: bool,
-        content_type: str = "text/plain; charset=utf-8",
-        location: str = "",
-    ) -> bool:
-        data = payload.encode("utf-8")
-        redirect = f"Location: {location}\r\n" if location else ""
-        head = (
-            f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(data)}\r\nCache-Control: no-store\r\n{redirect}"
-            f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"
-        )
-        self.wfile.write(head.encode("latin-1") + data)
-        return not close
+    def respond(self, method: str, target: str, headers: dict, body: bytes) -> tuple:
+        return self.server.respond(method, target, headers, body)
 
 
 class Server(socketserver.ThreadingTCPServer):
@@ -577,9 +512,7 @@ class Server(socketserver.ThreadingTCPServer):
         return response.status, response.content_type, response.body, response.location
 
     def _orchard(self, method: str, path: str, headers: dict) -> tuple:
-        import hmac  # here: its import is a tenth of a start
-
-        if not hmac.compare_digest(headers.get(TOKEN_HEADER.lower(), "").encode(), self.token.encode()):
+        if not _compare_digest(headers.get(TOKEN_HEADER.lower(), "").encode(), self.token.encode()):
             return 403, "text/plain; charset=utf-8", f"Orchard's routes need the {TOKEN_HEADER} header", ""
         with self.lock:
             if method == "GET" and path == "/_orchard/health":

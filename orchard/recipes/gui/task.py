@@ -33,7 +33,10 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from orchard.env.bundle import sandbox_python
+from orchard.env.sandboxed import httpd
 from orchard.errors import ConfigError, OrchardError
+from orchard.recipes.gui import site
 from orchard.recipes.gui.site import MAX_LOG_BYTES
 from orchard.tasks.base import Grade, Prepare, Step, TaskBase
 from orchard.tasks.checks import Check
@@ -44,6 +47,9 @@ if TYPE_CHECKING:
 
 SITE_PORT = 8000
 HOME = "/opt/orchard-gui"
+SOURCES = [Path(site.__file__), Path(httpd.__file__)]
+"""The site server's program, copied into the sandbox (`HOME`) with the site's module (`app.py`) and
+run there on the bundle's interpreter."""
 MAX_LOG = MAX_LOG_BYTES + 64 * 1024
 """Bytes of a site's log the host reads back: its entries and their wrapping."""
 BLOCKED_SCHEMES = ("javascript", "data", "blob", "chrome", "devtools", "view-source", "chrome-extension", "about")
@@ -227,17 +233,16 @@ class GuiTask(BrowserTask):
         return f"http://127.0.0.1:{SITE_PORT}{self.start_path}"
 
     def serve(self, box: Sandbox) -> None:
-        from orchard.recipes.gui import site
-
         token = secrets.token_hex(16)
         _TOKENS[box.id] = token
-        box.write_file(f"{HOME}/site.py", Path(site.__file__).read_bytes())
+        for source in SOURCES:
+            box.write_file(f"{HOME}/{source.name}", source.read_bytes())
         box.write_file(f"{HOME}/app.py", Path(self.site).read_bytes())
         box.write_file(f"{HOME}/data.json", json.dumps(self.data))
         box.write_file(f"{HOME}/token", token, mode=0o600)  # the server reads it, then deletes it
         started = box.exec(
             f"cd {HOME} && rm -f ready && "
-            f"(setsid python3 -S site.py app.py --port {SITE_PORT}"
+            f"(setsid {sandbox_python()} site.py app.py --port {SITE_PORT}"
             " --data data.json --token-file token --ready ready >log 2>&1 </dev/null &) && "
             "for _ in $(seq 5000); do [ -e ready ] && exit 0; sleep 0.002; done; cat log >&2; exit 1",
             timeout=30,
