@@ -525,7 +525,7 @@ def exec_limit(max_output: int | None) -> int:
 
 
 class AgentCalls:
-    """Calls straight to a sandbox's exec agent (its own small protocol, see agent/server.py).
+    """Calls straight to a sandbox's exec agent (its own small protocol, see agent/protocol.py).
 
     Each call bounds the answer it accepts (`Call.limit`): the agent is hostile.
     """

@@ -63,10 +63,13 @@ def test_layout(bundle: Bundle) -> None:
     assert linker is not None
     assert (bundle.path / "lib" / Path(linker).name).is_file()
     assert bundle.linker == Path(linker).name
-    for name in ("bin/python3", "agent/server.py", "lib/python311.zip", "lib/libc.so.6"):
+    for name in ("bin/python3", "agent/__main__.py", "agent/server.py", "lib/python311.zip", "lib/libc.so.6"):
         assert (bundle.path / name).is_file(), name
     assert list((bundle.path / "lib").glob("libpython3.11.so*"))
-    assert (bundle.path / "agent" / "server.py").read_bytes() == DEFAULT_AGENT.read_bytes()
+    modules = sorted(DEFAULT_AGENT.glob("*.py"))
+    assert sorted(p.name for p in (bundle.path / "agent").glob("*.py")) == [p.name for p in modules]
+    for module in modules:  # the whole package, as it is
+        assert (bundle.path / "agent" / module.name).read_bytes() == module.read_bytes()
     assert bundle.path.parent.name == "agent-bundle"
     assert bundle.size() < 40_000_000
 
@@ -80,7 +83,7 @@ def test_contract(bundle: Bundle) -> None:
         "-s",
         "-S",
         "-B",
-        "/m/agent/server.py",
+        "/m/agent/__main__.py",
     ]
     assert bundle.environment("/m") == {
         "PYTHONHOME": "/m",
@@ -131,9 +134,11 @@ def test_losing_the_race_keeps_the_winner(bundle: Bundle, tmp_path: Path) -> Non
 
 def test_agent_problems_are_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="missing"):
-        build_bundle(tmp_path / "nope.py", cache_dir=tmp_path)
-    third_party = tmp_path / "agent.py"
-    third_party.write_text("import httpx\n")
+        build_bundle(tmp_path / "nope", cache_dir=tmp_path)
+    third_party = tmp_path / "agent"
+    third_party.mkdir()
+    (third_party / "__main__.py").write_text("from . import tools\n")
+    (third_party / "tools.py").write_text("import httpx\n")
     with pytest.raises(ConfigError, match="cannot import the agent"):
         build_bundle(third_party, cache_dir=tmp_path)
     assert [p.name for p in (tmp_path / "agent-bundle").iterdir()] == []
