@@ -36,8 +36,9 @@ What is carried (layout):
   CPython puts `$PYTHONHOME/lib/python3XY.zip` on `sys.path` by itself; with
   `PYTHONHOME` set it searches no landmark, so startup prints no warning;
 * `lib/python3.X/lib-dynload/`: the extension modules of that closure;
-* `agent/`: the agent package (`orchard/env/agent/*.py`), started by its `__main__.py`, which
-  imports the package as `agent` from `/.orchard`; `bundle.json`: a manifest (linker name,
+* `agent/`: the agent package (`orchard/env/agent/*.py`, with their bytecode in `__pycache__`,
+  as for the standard library: a start compiles nothing but the entry), started by its
+  `__main__.py`, which imports the package as `agent` from `/.orchard`; `bundle.json`: a manifest (linker name,
   versions, counts).
 
 What is not carried: NSS modules (glibc only has its built-in `files` backend: avoid user and
@@ -79,7 +80,7 @@ from pathlib import Path
 from orchard.config import settings
 from orchard.errors import ConfigError
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """Bump when the layout or the build changes, so older cached bundles are not reused."""
 DEFAULT_AGENT = Path(__file__).resolve().parent / "agent"
 """The agent package, which the bundle carries as `agent/` and starts by its `AGENT_ENTRY`."""
@@ -273,8 +274,7 @@ def _assemble(dest: Path, interpreter: Path, agent: Path) -> None:
     for folder in (dest / "bin", dest / "agent", dynload):
         folder.mkdir(parents=True)
     _copy(interpreter, dest / "bin" / "python3", executable=True)
-    for module in _agent_modules(agent):
-        _copy(module, dest / "agent" / module.name)
+    _write_agent(dest / "agent", agent)
     if platform.machine() == "x86_64":
         (dest / "bin" / "orchard-subreaper").write_bytes(_static_elf(SUBREAPER_X86_64))
         (dest / "bin" / "orchard-subreaper").chmod(0o755)
@@ -346,6 +346,20 @@ def _module_closure(interpreter: Path, agent: Path) -> _Closure:
     if outside or unknown:
         raise ConfigError(f"the agent imports modules from outside the standard library: {(outside + unknown)[0]}")
     return _Closure(version, stdlib, sorted(sources), extensions)
+
+
+def _write_agent(target: Path, agent: Path) -> None:
+    """Copy the agent package's sources into `target`, each but the entry (a script: compiled from
+    its source whenever it runs) with its bytecode in `__pycache__`, unchecked hash-based as the
+    standard library's, so a sandbox's start compiles none of the package."""
+    cache = target / "__pycache__"
+    cache.mkdir()
+    for module in _agent_modules(agent):
+        _copy(module, target / module.name)
+        if module.name != AGENT_ENTRY:
+            compiled = cache / f"{module.stem}.{sys.implementation.cache_tag}.pyc"
+            compiled.write_bytes(_pyc(module.read_bytes(), f"{DEFAULT_MOUNT}/agent/{module.name}"))
+            compiled.chmod(0o644)
 
 
 def _write_stdlib_zip(target: Path, closure: _Closure) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -90,6 +91,21 @@ def test_contract(bundle: Bundle) -> None:
         "PYTHONUTF8": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
+
+
+def test_the_agent_package_is_carried_compiled(bundle: Bundle) -> None:
+    """A start compiles none of the package but its entry (a script): each module is read from
+    its bytecode in `agent/__pycache__`."""
+    mount = str(bundle.path)
+    code = f"import sys; sys.path.append({mount!r}); import agent.server"  # as the entry imports it
+    argv = [*bundle.command(mount)[:-1], "-v", "-c", code]
+    proc = subprocess.run(argv, env=bundle.environment(mount), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    loaded = [Path(p) for p in re.findall(r"^# code object from '(.+)'$", proc.stderr, re.MULTILINE)]
+    ours = sorted(str(p.relative_to(bundle.path)) for p in loaded if p.is_relative_to(bundle.path / "agent"))
+    tag = sys.implementation.cache_tag
+    modules = [m for m in sorted(DEFAULT_AGENT.glob("*.py")) if m.name != "__main__.py"]
+    assert ours == sorted(f"agent/__pycache__/{m.stem}.{tag}.pyc" for m in modules)
 
 
 def test_interpreter_runs_from_the_bundle_only(bundle: Bundle) -> None:
