@@ -12,6 +12,7 @@ import ast
 import functools
 import itertools
 import re
+import sys
 from pathlib import Path
 
 import orchard
@@ -269,3 +270,65 @@ def test_the_shared_layers_name_no_recipe():
     }
     found = {module: lines for module, path in shared.items() if (lines := recipe_names_in(path.read_text(), words))}
     assert found == {}
+
+
+AGENT = ROOT / "env" / "agent"
+WIRE_WORDS = ("orchard-pty", "orchard-tunnel", "application/vnd.orchard.exec", "ORCHARD_AGENT_TOKEN")
+"""Names of the agent's wire protocol that `orchard/env/agent/protocol.py` alone spells."""
+
+
+def test_no_module_of_the_agent_is_over_800_lines():
+    """The agent is a package of one module a responsibility, each small enough to read."""
+    sizes = {path.name: len(path.read_text().splitlines()) for path in AGENT.glob("*.py")}
+    assert {"protocol.py", "server.py", "__main__.py"} <= set(sizes)
+    assert {name: lines for name, lines in sizes.items() if lines > 800} == {}
+
+
+def test_the_agent_imports_the_standard_library_and_itself_only():
+    """It runs in any image on the bundle's bare interpreter: nothing of Orchard's dependencies
+    (nor of Orchard outside its package), lazy and type-checking imports included."""
+    outside = []
+    for path in sorted(AGENT.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                if isinstance(node, ast.ImportFrom) and node.level > 1:  # out of the package
+                    outside.append(f"{path.name}: from {'.' * node.level}{node.module or ''}")
+                continue
+            # _sha2: the builtin SHA-256 of Python 3.12 and later (3.11's is _sha256)
+            outside += [
+                f"{path.name}: {name}"
+                for name in names
+                if name.split(".")[0] not in {*sys.stdlib_module_names, "_sha2"}
+            ]
+    assert outside == []
+
+
+def _literals(source: str) -> list[str]:
+    """The string constants of a module's code, its docstrings (and other bare strings) left out."""
+    tree = ast.parse(source)
+    prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose
+    ]
+
+
+def test_the_wire_words_are_spelled_in_the_agents_protocol_module_only():
+    """The host imports the agent's wire names (`orchard.env.agent.protocol`) rather than spelling
+    them again, so the two sides cannot drift apart."""
+    assert _literals('"""about orchard-pty"""\nX = "orchard-pty"\n"""and orchard-tunnel"""') == ["orchard-pty"]
+    spelled = sorted(
+        {
+            f"{name} spells {word!r}"
+            for name, path in MODULES.items()
+            for literal in _literals(path.read_text())
+            for word in WIRE_WORDS
+            if word in literal
+        }
+    )
+    assert spelled == [f"orchard.env.agent.protocol spells {word!r}" for word in sorted(WIRE_WORDS)]

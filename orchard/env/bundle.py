@@ -6,7 +6,7 @@ installing anything into the image, Orchard bind-mounts this folder read-only (a
 default) and starts the agent with it:
 
     /.orchard/lib/ld-linux-x86-64.so.2 --library-path /.orchard/lib \\
-        /.orchard/bin/python3 -s -S -B /.orchard/agent/server.py --unix ... --workdir ...
+        /.orchard/bin/python3 -s -S -B /.orchard/agent/__main__.py --unix ... --workdir ...
 
 with `PYTHONHOME=/.orchard PYTHONUTF8=1 PYTHONDONTWRITEBYTECODE=1` (see `Bundle.command` and
 `Bundle.environment`). Orchard's own programs in sandboxes (`orchard.env.sandboxed`: the Claw
@@ -32,14 +32,17 @@ What is carried (layout):
   loads it to unwind a thread at exit); real files under their soname, no symlinks, debug
   symbols stripped when `strip` is available;
 * `lib/python3XY.zip`: the pure-Python standard library modules the agent imports (the import
-  closure of the agent file, computed by importing it in the same interpreter, plus a few
-  modules the standard library imports lazily, `LAZY_MODULES`, and those Orchard's programs in
-  sandboxes import, `SERVER_MODULES`) and the whole `encodings` package, as unchecked
-  hash-based `.pyc`, stored uncompressed so zipimport needs no zlib. CPython puts
+  closure of the agent package, computed by importing its modules in the same interpreter, plus
+  a few modules the standard library imports lazily, `LAZY_MODULES`, and those Orchard's
+  programs in sandboxes import, `SERVER_MODULES`) and the whole `encodings` package, as
+  unchecked hash-based `.pyc`, stored uncompressed so zipimport needs no zlib. CPython puts
   `$PYTHONHOME/lib/python3XY.zip` on `sys.path` by itself; with `PYTHONHOME` set it searches no
   landmark, so startup prints no warning;
 * `lib/python3.X/lib-dynload/`: the extension modules of that closure;
-* `agent/server.py`: the agent; `bundle.json`: a manifest (linker name, versions, counts).
+* `agent/`: the agent package (`orchard/env/agent/*.py`, with their bytecode in `__pycache__`,
+  as for the standard library: a start compiles nothing but the entry), started by its
+  `__main__.py`, which imports the package as `agent` from `/.orchard`; `bundle.json`: a manifest (linker name,
+  versions, counts).
 
 What is not carried: NSS modules (glibc only has its built-in `files` backend: avoid user and
 group *name* lookups), locale and gconv files (hence UTF-8 mode), CA certificates, site-packages,
@@ -47,11 +50,11 @@ the CJK codecs' extension modules, and any module imported lazily (inside a func
 neither in the agent's top-level closure nor in `LAZY_MODULES`.
 
 Limits: the bundle runs on the host's CPU architecture (and a Linux kernel no older than the
-host glibc supports); the agent must be a single stdlib-only file importing its modules at top
-level.
+host glibc supports); the agent must be a stdlib-only package (with a `__main__.py`) whose
+modules import each other relatively and the standard library at top level.
 
 Bundles live in `<cache_dir>/agent-bundle/<hash>/`, keyed by the interpreter, libpython, the
-agent source, `FORMAT_VERSION` and this module's own source. A build is atomic (`os.rename` of
+agent package's sources, `FORMAT_VERSION` and this module's own source. A build is atomic (`os.rename` of
 a finished folder), so concurrent builders never see or leave a half-built bundle.
 """
 
@@ -81,9 +84,11 @@ from pathlib import Path
 from orchard.config import settings
 from orchard.errors import ConfigError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 4
 """Bump when the layout or the build changes, so older cached bundles are not reused."""
-DEFAULT_AGENT = Path(__file__).resolve().parent / "agent" / "server.py"
+DEFAULT_AGENT = Path(__file__).resolve().parent / "agent"
+"""The agent package, which the bundle carries as `agent/` and starts by its `AGENT_ENTRY`."""
+AGENT_ENTRY = "__main__.py"
 DEFAULT_MOUNT = "/.orchard"
 MANIFEST = "bundle.json"
 EXTRA_LIBRARIES = ("libgcc_s.so.1",)
@@ -170,7 +175,7 @@ class Bundle:
 
     def command(self, mount: str = DEFAULT_MOUNT) -> list[str]:
         """The argv starting the agent when the bundle is mounted at `mount`; append agent args."""
-        return [*self.python(mount), f"{mount}/agent/server.py"]
+        return [*self.python(mount), f"{mount}/agent/{AGENT_ENTRY}"]
 
     def environment(self, mount: str = DEFAULT_MOUNT) -> dict[str, str]:
         """The environment variables the interpreter needs when the bundle is mounted at `mount`."""
@@ -196,15 +201,15 @@ def sandbox_python(mount: str = DEFAULT_MOUNT) -> str:
 
 
 def build_bundle(agent: Path = DEFAULT_AGENT, cache_dir: Path | None = None) -> Bundle:
-    """Build the bundle for `agent` under `cache_dir` (default: the settings'), or reuse it.
+    """Build the bundle for the agent package `agent` under `cache_dir` (default: the settings'), or reuse it.
 
     A cache hit only hashes the inputs (memoised per file): no subprocess, no copy.
     """
     _check_host()
     interpreter = Path(os.path.realpath(sys.executable))
     agent = Path(agent).resolve()
-    if not agent.is_file():
-        raise ConfigError(f"agent file {agent} is missing")
+    if not (agent / AGENT_ENTRY).is_file():
+        raise ConfigError(f"agent package {agent} is missing (no {AGENT_ENTRY} in it)")
     root = Path(cache_dir or settings().cache_dir) / "agent-bundle"
     final = root / _bundle_key(interpreter, agent)
     if (final / MANIFEST).is_file():
@@ -232,10 +237,17 @@ def _bundle_key(interpreter: Path, agent: Path) -> str:
     """Content hash of everything the bundle is built from."""
     digest = hashlib.sha256(f"orchard-agent-bundle {FORMAT_VERSION}\n".encode())
     digest.update(f"strip={_strip_tool() is not None}\n".encode())
-    for path in (interpreter, _libpython(), agent, Path(__file__)):  # this file: the recipe
+    for path in (interpreter, _libpython(), Path(__file__)):  # this file: the recipe
         if path is not None:
             digest.update(_file_digest(path).encode())
+    for module in _agent_modules(agent):
+        digest.update(f"{module.name}\0{_file_digest(module)}\n".encode())
     return digest.hexdigest()[:20]
+
+
+def _agent_modules(agent: Path) -> list[Path]:
+    """The source files of the agent package, by name."""
+    return sorted(agent.glob("*.py"))
 
 
 def _libpython() -> Path | None:
@@ -306,7 +318,7 @@ def _assemble(dest: Path, interpreter: Path, agent: Path) -> None:
     for folder in (dest / "bin", dest / "agent", dynload):
         folder.mkdir(parents=True)
     _copy(interpreter, dest / "bin" / "python3", executable=True)
-    _copy(agent, dest / "agent" / "server.py")
+    _write_agent(dest / "agent", agent)
     if platform.machine() == "x86_64":
         (dest / "bin" / "orchard-subreaper").write_bytes(_static_elf(SUBREAPER_X86_64))
         (dest / "bin" / "orchard-subreaper").chmod(0o755)
@@ -334,18 +346,19 @@ def _assemble(dest: Path, interpreter: Path, agent: Path) -> None:
 
 
 _PROBE = """
-import importlib.util, json, sys
+import importlib, json, os, sys
 agent, out = sys.argv[1], sys.argv[2]
-spec = importlib.util.spec_from_file_location("_orchard_agent_probe", agent)
-module = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = module
-spec.loader.exec_module(module)
+package = os.path.basename(agent)
+sys.path.append(os.path.dirname(agent))  # after the standard library, as the agent's entry puts it
+for name in sorted(f[:-3] for f in os.listdir(agent) if f.endswith(".py")):
+    importlib.import_module(package if name == "__init__" else f"{package}.{name}")
 for name in sys.argv[3:]:
     try:
         importlib.import_module(name)
     except ImportError:
         pass
-files = {getattr(m, "__file__", None) for n, m in list(sys.modules.items()) if n != spec.name}
+ours = {n for n in sys.modules if n == package or n.startswith(package + ".")}
+files = {getattr(m, "__file__", None) for n, m in list(sys.modules.items()) if n not in ours}
 with open(out, "w") as f:
     json.dump({"version": sys.version_info[:2], "stdlib": sys._stdlib_dir,
                "files": sorted(x for x in files if x)}, f)
@@ -353,7 +366,8 @@ with open(out, "w") as f:
 
 
 def _module_closure(interpreter: Path, agent: Path) -> _Closure:
-    """Import `agent` (not as `__main__`) in an isolated `interpreter`; list the module files."""
+    """Import every module of the package `agent` (`__main__` too, not as the main module) in an
+    isolated `interpreter`; list the files of the other modules it loaded."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "closure.json"
         argv = [str(interpreter), "-I", "-S", "-B", "-c", _PROBE, str(agent), str(out)]
@@ -376,6 +390,20 @@ def _module_closure(interpreter: Path, agent: Path) -> _Closure:
     if outside or unknown:
         raise ConfigError(f"the agent imports modules from outside the standard library: {(outside + unknown)[0]}")
     return _Closure(version, stdlib, sorted(sources), extensions)
+
+
+def _write_agent(target: Path, agent: Path) -> None:
+    """Copy the agent package's sources into `target`, each but the entry (a script: compiled from
+    its source whenever it runs) with its bytecode in `__pycache__`, unchecked hash-based as the
+    standard library's, so a sandbox's start compiles none of the package."""
+    cache = target / "__pycache__"
+    cache.mkdir()
+    for module in _agent_modules(agent):
+        _copy(module, target / module.name)
+        if module.name != AGENT_ENTRY:
+            compiled = cache / f"{module.stem}.{sys.implementation.cache_tag}.pyc"
+            compiled.write_bytes(_pyc(module.read_bytes(), f"{DEFAULT_MOUNT}/agent/{module.name}"))
+            compiled.chmod(0o644)
 
 
 def _write_stdlib_zip(target: Path, closure: _Closure) -> int:

@@ -17,6 +17,28 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
+from orchard.env.agent.protocol import (
+    ACCEPT_ROUTE,
+    APPLY_PATCH_ROUTE,
+    ARCHIVE_ROUTE,
+    DEFAULT_MAX_OUTPUT,
+    EXEC_ROUTE,
+    FILES_LIST_ROUTE,
+    FILES_ROUTE,
+    HTTP_AGENT_HEADERS,
+    HTTP_DEFAULT_MAX_BYTES,
+    HTTP_MAX_ANSWER_HEADERS,
+    HTTP_MAX_BYTES,
+    HTTP_MAX_HEAD_BYTES,
+    HTTP_MAX_PATH,
+    HTTP_MAX_TIMEOUT,
+    HTTP_METHODS,
+    HTTP_ROUTE,
+    HTTP_TOKEN_CHARS,
+    LISTEN_ROUTE,
+    SHELL_ROUTE,
+    TUNNEL_UPGRADE,
+)
 from orchard.env.backends.base import SandboxSpec, check_sandbox_id
 from orchard.errors import (
     AgentError,
@@ -89,19 +111,9 @@ class FileInfo:
     modified: str | None = None
 
 
-HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
-HTTP_DEFAULT_MAX_BYTES = 1024 * 1024
-HTTP_MAX_BYTES = 16 * 1024 * 1024
-"""The most `max_bytes` of an HTTP call may be (the agent's bound too)."""
-HTTP_MAX_TIMEOUT = 600.0
-HTTP_MAX_PATH = 8192
-HTTP_MAX_ANSWER_HEADERS = 200
-HTTP_MAX_ANSWER_HEADER_BYTES = 64 * 1024
 HTTP_ANSWER_OVERHEAD = 1024 * 1024
 """Bytes of an HTTP call's answer besides the base64 body: its headers as JSON (escaped, up to 6
 bytes a character) and the other fields."""
-HTTP_AGENT_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
-_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
 @dataclass(frozen=True)
@@ -403,8 +415,8 @@ def _answer_headers(headers: Any) -> tuple[tuple[str, str], ...]:
         if not _is_token(name) or any(c in value for c in "\r\n\0"):
             raise AgentError(f"the answer to an HTTP call has a malformed header: {name!r:.80}")
         size += len(name) + len(value) + 4
-        if size > HTTP_MAX_ANSWER_HEADER_BYTES:
-            raise AgentError(f"the answer to an HTTP call has over {HTTP_MAX_ANSWER_HEADER_BYTES} bytes of headers")
+        if size > HTTP_MAX_HEAD_BYTES:
+            raise AgentError(f"the answer to an HTTP call has over {HTTP_MAX_HEAD_BYTES} bytes of headers")
         pairs.append((name, value))
     return tuple(pairs)
 
@@ -436,14 +448,11 @@ def http_answer_json(answer: HttpAnswer) -> dict[str, Any]:
 
 
 def _is_token(name: str) -> bool:
-    return bool(name) and all(c in _TOKEN for c in name)
+    return bool(name) and all(c in HTTP_TOKEN_CHARS for c in name)
 
 
-TUNNEL_UPGRADE = "orchard-tunnel"
 TUNNEL_CALL_SECONDS = 10.0
 """How long `/listen` and `DELETE /listen` may take (the agent answers them at once)."""
-TUNNEL_MAX_WAIT = 600.0
-"""The most seconds one `/accept` may wait in the agent (its bound too)."""
 TUNNEL_MAX_HEAD = 16 * 1024
 """Bytes of the agent's answer head to `/accept` (it sends about 90)."""
 TUNNEL_MAX_HEADERS = 32
@@ -455,7 +464,7 @@ def check_port(port: Any, what: str = "port") -> int:
     return port
 
 
-def tunnel_request(port: int, wait: float, auth: str, route: str = "/accept") -> bytes:
+def tunnel_request(port: int, wait: float, auth: str, route: str = ACCEPT_ROUTE) -> bytes:
     """`POST /accept` (upgrade to `orchard-tunnel`): the next connection made to `port` in the
     sandbox, once one comes within `wait` seconds; `POST /connect`: a connection of the agent to
     `port`, made within `wait` seconds. The body names the port only: no address."""
@@ -467,7 +476,7 @@ def tunnel_request(port: int, wait: float, auth: str, route: str = "/accept") ->
     return head.encode("latin-1") + body
 
 
-def tunnel_answer(head: bytes, route: str = "/accept") -> tuple[int, int]:
+def tunnel_answer(head: bytes, route: str = ACCEPT_ROUTE) -> tuple[int, int]:
     """The status of the agent's answer to `/accept` or `/connect` (its head, up to the blank
     line) and its body's length: 101 (the tunnel is open; it must name `Upgrade: orchard-tunnel`),
     204 (no connection came in time; no body), or an error with a JSON body. AgentError for
@@ -511,8 +520,6 @@ def _http_timeout(timeout: float | None) -> float | None:
 
 EXEC_LINE_LIMIT = 64 * 1024
 """Bytes of an exec answer besides the output itself (its JSON line, truncation and time-out marks)."""
-AGENT_MAX_OUTPUT = 8 * 1024 * 1024
-"""The agent's default cap on each output stream of a command (its DEFAULT_MAX_OUTPUT)."""
 READ_LIMIT = 64 * 1024 * 1024
 """Default `max_bytes` of `read_file`: whole files are held in memory; larger ones go by `download`."""
 ARCHIVE_LIMIT = 1024 * 1024 * 1024
@@ -521,11 +528,11 @@ ARCHIVE_LIMIT = 1024 * 1024 * 1024
 
 def exec_limit(max_output: int | None) -> int:
     """The most bytes an exec answer may hold: its JSON line and both streams at their cap."""
-    return EXEC_LINE_LIMIT + 2 * (AGENT_MAX_OUTPUT if max_output is None else max_output)
+    return EXEC_LINE_LIMIT + 2 * (DEFAULT_MAX_OUTPUT if max_output is None else max_output)
 
 
 class AgentCalls:
-    """Calls straight to a sandbox's exec agent (its own small protocol, see agent/server.py).
+    """Calls straight to a sandbox's exec agent (its own small protocol, see agent/protocol.py).
 
     Each call bounds the answer it accepts (`Call.limit`): the agent is hostile.
     """
@@ -555,11 +562,7 @@ class AgentCalls:
             "login_shell": login_shell,
             "stdin": base64.b64encode(stdin).decode() if stdin is not None else None,
         }
-        if max_output is not None:
-            body["max_output"] = max_output
-        return Call(
-            "POST", "/exec", self._exec_result, json=body, timeout=_http_timeout(timeout), limit=exec_limit(max_output)
-        )
+        return self._command(EXEC_ROUTE, body, timeout, max_output)
 
     def _shell(self, command, session: str, timeout: float | None, max_output: int | None, **unsupported: Any) -> Call:
         """A command in a persistent shell session (its cwd and variables carry over)."""
@@ -569,14 +572,17 @@ class AgentCalls:
                 f"{', '.join(given)} cannot be set per command in a shell session; use cd/export in it"
             )
         body = {"command": command_text(command), "session": session, "timeout": timeout}
+        return self._command(SHELL_ROUTE, body, timeout, max_output)
+
+    def _command(self, route: str, body: dict[str, Any], timeout: float | None, max_output: int | None) -> Call:
+        """The call running a command (`/exec` or `/shell`), its answer bounded by `max_output`."""
         if max_output is not None:
             body["max_output"] = max_output
-        return Call(
-            "POST", "/shell", self._exec_result, json=body, timeout=_http_timeout(timeout), limit=exec_limit(max_output)
-        )
+        timeout_s = _http_timeout(timeout)
+        return Call("POST", route, self._exec_result, json=body, timeout=timeout_s, limit=exec_limit(max_output))
 
     def close_session(self, session: str) -> Call:
-        return Call("DELETE", "/shell", lambda r: r.json()["closed"], params={"session": session})
+        return Call("DELETE", SHELL_ROUTE, lambda r: r.json()["closed"], params={"session": session})
 
     @staticmethod
     def _exec_result(response: Response) -> ExecResult:
@@ -599,7 +605,7 @@ class AgentCalls:
         """A whole file, in memory; over `max_bytes` it is refused with `TooLarge`."""
         return Call(
             "GET",
-            "/files",
+            FILES_ROUTE,
             lambda r: r.content,
             params={"path": _path(path)},
             limit=check_max_bytes(max_bytes),
@@ -610,16 +616,16 @@ class AgentCalls:
         params = {"path": _path(path)}
         if mode is not None:
             params["mode"] = f"{mode:o}"
-        return Call("PUT", "/files", lambda r: r.json()["size"], params=params, content=data)
+        return Call("PUT", FILES_ROUTE, lambda r: r.json()["size"], params=params, content=data)
 
     def list_files(self, path: str) -> Call:
-        return Call("GET", "/files/list", _listing, params={"path": _path(path)})
+        return Call("GET", FILES_LIST_ROUTE, _listing, params={"path": _path(path)})
 
     def get_archive(self, path: str, sink: IO[bytes], max_bytes: int = ARCHIVE_LIMIT) -> Call:
         """A tar of a file or folder, streamed into `sink`; over `max_bytes` it is refused with `TooLarge`."""
         return Call(
             "GET",
-            "/archive",
+            ARCHIVE_ROUTE,
             lambda r: None,
             params={"path": _path(path)},
             limit=check_max_bytes(max_bytes),
@@ -628,11 +634,11 @@ class AgentCalls:
         )
 
     def put_archive(self, path: str, tar: bytes) -> Call:
-        return Call("PUT", "/archive", lambda r: r.json(), params={"path": _path(path)}, content=tar)
+        return Call("PUT", ARCHIVE_ROUTE, lambda r: r.json(), params={"path": _path(path)}, content=tar)
 
     def apply_patch(self, patch: str, timeout: float = 30.0) -> Call:
         body = {"patch": patch, "timeout": timeout}
-        return Call("POST", "/apply_patch", _patch_result, json=body, timeout=_http_timeout(timeout))
+        return Call("POST", APPLY_PATCH_ROUTE, _patch_result, json=body, timeout=_http_timeout(timeout))
 
     def listen(self, port: int) -> Call:
         """Make the agent listen on `127.0.0.1:port` in the sandbox, for `/accept` (idempotent);
@@ -644,13 +650,13 @@ class AgentCalls:
                 raise AgentError(f"the agent's answer to POST /listen is not about port {port}: {data!r:.80}")
             return bool(data.get("created"))
 
-        return Call("POST", "/listen", listening, json={"port": check_port(port)}, timeout=TUNNEL_CALL_SECONDS)
+        return Call("POST", LISTEN_ROUTE, listening, json={"port": check_port(port)}, timeout=TUNNEL_CALL_SECONDS)
 
     def unlisten(self, port: int) -> Call:
         """Stop listening on `port`: new connections are refused, those waiting reset."""
         return Call(
             "DELETE",
-            "/listen",
+            LISTEN_ROUTE,
             lambda r: r.json()["closed"] is True,
             params={"port": check_port(port)},
             timeout=TUNNEL_CALL_SECONDS,
@@ -674,7 +680,7 @@ class AgentCalls:
         """
         return Call(
             "POST",
-            "/http",
+            HTTP_ROUTE,
             http_answer(max_bytes),
             json=http_request(port, path, method, body, headers, timeout, max_bytes),
             timeout=_http_timeout(timeout),

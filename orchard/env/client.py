@@ -42,15 +42,14 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from orchard.config import settings
+from orchard.env.agent.protocol import CONNECT_ROUTE, HTTP_DEFAULT_MAX_BYTES, TUNNEL_MAX_WAIT
 from orchard.env.archive import Download
 from orchard.env.backends import BackendConfig
 from orchard.env.backends.base import AgentEndpoint, Network, SandboxSpec, check_sandbox_id, make_spec
 from orchard.env.calls import (
     ARCHIVE_LIMIT,
-    HTTP_DEFAULT_MAX_BYTES,
     READ_LIMIT,
     TUNNEL_MAX_HEAD,
-    TUNNEL_MAX_WAIT,
     AgentCalls,
     Call,
     Channel,
@@ -307,9 +306,9 @@ class Sandbox:
         deadline = time.monotonic() + timeout + EXPOSE_CONNECT_SECONDS
         try:
             sock.settimeout(timeout + EXPOSE_CONNECT_SECONDS)
-            sock.sendall(tunnel_request(port, timeout, f"Bearer {endpoint.token}", "/connect"))
-            head = _read_head_exactly(sock, "/connect", deadline)
-            status, length = tunnel_answer(head, "/connect")
+            sock.sendall(tunnel_request(port, timeout, f"Bearer {endpoint.token}", CONNECT_ROUTE))
+            head = _read_head_exactly(sock, CONNECT_ROUTE, deadline)
+            status, length = tunnel_answer(head, CONNECT_ROUTE)
             if status != 101:
                 raise AgentError(f"HTTP {status}: {_refusal(sock, b'', length)}")
             sock.settimeout(None)

@@ -40,6 +40,7 @@ from pydantic import BaseModel
 from sqlmodel import col, select
 
 from orchard import store as records
+from orchard.env.agent.protocol import HEALTH_ROUTE
 from orchard.env.backends import AgentEndpoint, Backend, BackendConfig, SandboxSpec, backend_config
 from orchard.env.backends.base import BackendSandbox, check_sandbox_id, is_sandbox_id
 from orchard.env.calls import AgentCalls, Call, send
@@ -763,7 +764,7 @@ def _answers(channel: AgentChannel, endpoint: AgentEndpoint) -> bool:
         return False
 
 
-HEALTH = Call("GET", "/health", lambda answer: answer)
+HEALTH = Call("GET", HEALTH_ROUTE, lambda answer: answer)
 INIT_OUTPUT = 64 * 1024
 """Bytes of each output stream of a spec's `init` that the agent keeps (and the host reads back)."""
 INIT_TAIL = 2000

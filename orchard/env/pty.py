@@ -24,6 +24,7 @@ import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from orchard.env.agent.protocol import PTY_MAX_FRAME, PTY_ROUTE, PTY_UPGRADE
 from orchard.env.transport import MAX_HEADERS, _address, _Connection, open_agent_connection
 from orchard.errors import AgentError, InvalidRequest, NotFound
 
@@ -32,9 +33,9 @@ if TYPE_CHECKING:
 
     from orchard.env.backends.base import AgentEndpoint
 
-UPGRADE = "orchard-pty"
-MAX_FRAME = 1024 * 1024
-"""Bytes of one frame from the sandbox (the agent sends at most 64 KiB); a longer one ends the terminal."""
+MAX_FRAME = PTY_MAX_FRAME
+"""Bytes of one frame from the sandbox (the agent sends at most 64 KiB; its bound on a frame from
+the host is the same); a longer one ends the terminal."""
 MAX_REFUSAL = 64 * 1024
 """Bytes read of the agent's answer when it refuses the upgrade."""
 
@@ -213,8 +214,8 @@ class AsyncTerminal(_Seen):
 
 def _upgrade_request(auth: str) -> bytes:
     return (
-        f"POST /pty HTTP/1.1\r\nHost: agent\r\nAuthorization: {auth}\r\nConnection: Upgrade\r\n"
-        f"Upgrade: {UPGRADE}\r\nContent-Length: 0\r\n\r\n"
+        f"POST {PTY_ROUTE} HTTP/1.1\r\nHost: agent\r\nAuthorization: {auth}\r\nConnection: Upgrade\r\n"
+        f"Upgrade: {PTY_UPGRADE}\r\nContent-Length: 0\r\n\r\n"
     ).encode("latin-1")
 
 

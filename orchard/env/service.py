@@ -66,6 +66,7 @@ from starlette.concurrency import run_in_threadpool
 from orchard import __version__
 from orchard import store as records
 from orchard.config import private_file, private_folder, settings
+from orchard.env.agent.protocol import HTTP_DEFAULT_MAX_BYTES, HTTP_MAX_BYTES, HTTP_MAX_TIMEOUT
 from orchard.env.backends import backend_config
 from orchard.env.backends.base import (
     MAX_INIT,
@@ -80,9 +81,6 @@ from orchard.env.backends.base import (
 )
 from orchard.env.calls import (
     ARCHIVE_LIMIT,
-    HTTP_DEFAULT_MAX_BYTES,
-    HTTP_MAX_BYTES,
-    HTTP_MAX_TIMEOUT,
     READ_LIMIT,
     AgentCalls,
     ExecResult,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.client
-import importlib.util
 import io
 import json
 import os
@@ -25,9 +24,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from orchard.env.agent.config import AgentConfig
+from orchard.env.agent.processes import run_process
+from orchard.env.agent.server import make_server
+from orchard.env.agent.shells import Shell, long_command
 from orchard.env.calls import split_exec_answer
 
-SERVER = Path(__file__).resolve().parents[2] / "orchard" / "env" / "agent" / "server.py"
+SERVER = Path(__file__).resolve().parents[2] / "orchard" / "env" / "agent" / "__main__.py"
+"""The agent's entry, which sandboxes run by its path."""
 TOKEN = "test-token-0123456789"
 AGENT_ONLY_ENV = {
     "PYTHONHOME": sys.base_prefix,  # valid, so the agent still starts
@@ -56,7 +60,7 @@ class Agent:
 
 
 def start_agent(root: Path, *listen: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start server.py the way sandboxes do (``-s -S``), with the test token."""
+    """Start the agent the way sandboxes do (its entry by its path, ``-s -S``), with the test token."""
     full_env = {**os.environ, "ORCHARD_AGENT_TOKEN": TOKEN, **(env or {})}
     argv = [sys.executable, "-s", "-S", str(SERVER), *listen, "--workdir", str(root / "ws")]
     pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
@@ -754,10 +758,11 @@ def test_refuses_to_start_without_a_token() -> None:
 
 def test_import_is_side_effect_free_and_the_module_closure_small() -> None:
     script = (
-        "import importlib.util, sys, threading\n"
-        f"spec = importlib.util.spec_from_file_location('agent_server', {str(SERVER)!r})\n"
-        "module = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(module)\n"
+        "import importlib, os, sys, threading\n"
+        f"sys.path.append({str(SERVER.parent.parent)!r})\n"  # as the entry does: the package is `agent`
+        f"names = sorted(f[:-3] for f in os.listdir({str(SERVER.parent)!r}) if f.endswith('.py'))\n"
+        "modules = [importlib.import_module(f'agent.{n}'.removesuffix('.__init__')) for n in names]\n"
+        "module = importlib.import_module('agent.server')\n"
         "assert callable(module.main) and callable(module.serve)\n"
         "assert threading.active_count() == 1\n"
         "print(' '.join(sorted(sys.modules)))\n"
@@ -768,20 +773,10 @@ def test_import_is_side_effect_free_and_the_module_closure_small() -> None:
     assert modules.isdisjoint({"asyncio", "multiprocessing", "typing", "argparse", "dataclasses"})
 
 
-@pytest.fixture(scope="module")
-def server_module():
-    """server.py loaded in this process, for what a real agent process cannot show."""
-    spec = importlib.util.spec_from_file_location("orchard_agent_server", SERVER)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_no_shell_gives_an_error_not_a_crash(server_module) -> None:
+def test_no_shell_gives_an_error_not_a_crash() -> None:
     root = tempfile.mkdtemp(dir="/tmp", prefix="oa-")
-    config = server_module.AgentConfig(TOKEN, root, shell=server_module.Shell(None, False))
-    server = server_module.make_server(config, tcp=("127.0.0.1", 0))
+    config = AgentConfig(TOKEN, root, shell=Shell(None, False))
+    server = make_server(config, tcp=("127.0.0.1", 0))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -798,16 +793,16 @@ def test_no_shell_gives_an_error_not_a_crash(server_module) -> None:
 
 
 @pytest.mark.parametrize("bash", [True, False])
-def test_a_script_that_cannot_be_read_fails_rather_than_running_nothing(server_module, bash: bool) -> None:
+def test_a_script_that_cannot_be_read_fails_rather_than_running_nothing(bash: bool) -> None:
     """`eval "$(<FILE)"` of a missing file runs nothing and exits 0: the agent's forms exit 126."""
-    shell = server_module.Shell("/bin/bash" if bash else "/bin/sh", bash)
+    shell = Shell("/bin/bash" if bash else "/bin/sh", bash)
     for command in (shell.from_fd(97), shell.from_file("/nonexistent/orchard-script")):
         done = subprocess.run(shell.argv(command, False), capture_output=True, text=True)
         assert done.returncode == 126 and done.stderr, (command, done)
 
 
 def test_without_memory_files_a_long_command_runs_from_a_private_file(
-    server_module, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     def no_memfd(name: str, flags: int = 0) -> int:
         raise OSError(38, "Function not implemented")  # as on old kernels, some seccomp profiles
@@ -816,24 +811,24 @@ def test_without_memory_files_a_long_command_runs_from_a_private_file(
     (tmp_path / "tmp").mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
-    config = server_module.AgentConfig(TOKEN, str(tmp_path))
+    config = AgentConfig(TOKEN, str(tmp_path))
     command, sha = heredoc(140_000)
-    with server_module.long_command(command + OWN_FILE, config) as (script, fds):
+    with long_command(command + OWN_FILE, config) as (script, fds):
         assert fds == ()
-        done = server_module.run_process(config.shell.argv(script, False), cwd=str(tmp_path), env=dict(os.environ))
+        done = run_process(config.shell.argv(script, False), cwd=str(tmp_path), env=dict(os.environ))
     assert (done.exit_code, done.stdout.value()) == (0, sha + b"600 700\n"), done.stderr.value()
     assert files_in(tmp_path / "tmp") == []
 
 
-def test_without_pidfd_a_thread_notices_the_exit(server_module, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_pidfd_a_thread_notices_the_exit(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_pidfd(pid: int) -> int:
         raise OSError(38, "Function not implemented")  # as on old kernels and some sandboxes
 
     monkeypatch.setattr(os, "pidfd_open", no_pidfd)
     env = dict(os.environ)
-    result = server_module.run_process(["/bin/sh", "-c", "sleep 5 & echo $!; exit 3"], cwd="/", env=env, timeout=4)
+    result = run_process(["/bin/sh", "-c", "sleep 5 & echo $!; exit 3"], cwd="/", env=env, timeout=4)
     pid = int(result.stdout.value())
     os.kill(pid, signal.SIGKILL)
     assert (result.exit_code, result.timed_out) == (3, False) and result.duration < 2
-    result = server_module.run_process(["/bin/sh", "-c", "sleep 5"], cwd="/", env=env, timeout=0.2)
+    result = run_process(["/bin/sh", "-c", "sleep 5"], cwd="/", env=env, timeout=0.2)
     assert (result.exit_code, result.timed_out) == (124, True) and result.duration < 2

@@ -6,6 +6,7 @@ import ast
 import io
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -64,10 +65,13 @@ def test_layout(bundle: Bundle) -> None:
     assert linker is not None
     assert (bundle.path / "lib" / Path(linker).name).is_file()
     assert bundle.linker == Path(linker).name
-    for name in ("bin/python3", "agent/server.py", "lib/python311.zip", "lib/libc.so.6"):
+    for name in ("bin/python3", "agent/__main__.py", "agent/server.py", "lib/python311.zip", "lib/libc.so.6"):
         assert (bundle.path / name).is_file(), name
     assert list((bundle.path / "lib").glob("libpython3.11.so*"))
-    assert (bundle.path / "agent" / "server.py").read_bytes() == DEFAULT_AGENT.read_bytes()
+    modules = sorted(DEFAULT_AGENT.glob("*.py"))
+    assert sorted(p.name for p in (bundle.path / "agent").glob("*.py")) == [p.name for p in modules]
+    for module in modules:  # the whole package, as it is
+        assert (bundle.path / "agent" / module.name).read_bytes() == module.read_bytes()
     assert bundle.path.parent.name == "agent-bundle"
     assert bundle.size() < 40_000_000
 
@@ -81,7 +85,7 @@ def test_contract(bundle: Bundle) -> None:
         "-s",
         "-S",
         "-B",
-        "/m/agent/server.py",
+        "/m/agent/__main__.py",
     ]
     assert bundle.environment("/m") == {
         "PYTHONHOME": "/m",
@@ -152,6 +156,21 @@ def test_the_bundle_carries_what_the_programs_in_sandboxes_import(bundle: Bundle
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
+def test_the_agent_package_is_carried_compiled(bundle: Bundle) -> None:
+    """A start compiles none of the package but its entry (a script): each module is read from
+    its bytecode in `agent/__pycache__`."""
+    mount = str(bundle.path)
+    code = f"import sys; sys.path.append({mount!r}); import agent.server"  # as the entry imports it
+    argv = [*bundle.command(mount)[:-1], "-v", "-c", code]
+    proc = subprocess.run(argv, env=bundle.environment(mount), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    loaded = [Path(p) for p in re.findall(r"^# code object from '(.+)'$", proc.stderr, re.MULTILINE)]
+    ours = sorted(str(p.relative_to(bundle.path)) for p in loaded if p.is_relative_to(bundle.path / "agent"))
+    tag = sys.implementation.cache_tag
+    modules = [m for m in sorted(DEFAULT_AGENT.glob("*.py")) if m.name != "__main__.py"]
+    assert ours == sorted(f"agent/__pycache__/{m.stem}.{tag}.pyc" for m in modules)
+
+
 def test_interpreter_runs_from_the_bundle_only(bundle: Bundle) -> None:
     code = "import sys, json; print(json.dumps([sys.flags.utf8_mode, sys.prefix, sys.path]))"
     proc = _host_python(bundle, code)
@@ -194,9 +213,11 @@ def test_losing_the_race_keeps_the_winner(bundle: Bundle, tmp_path: Path) -> Non
 
 def test_agent_problems_are_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="missing"):
-        build_bundle(tmp_path / "nope.py", cache_dir=tmp_path)
-    third_party = tmp_path / "agent.py"
-    third_party.write_text("import httpx\n")
+        build_bundle(tmp_path / "nope", cache_dir=tmp_path)
+    third_party = tmp_path / "agent"
+    third_party.mkdir()
+    (third_party / "__main__.py").write_text("from . import tools\n")
+    (third_party / "tools.py").write_text("import httpx\n")
     with pytest.raises(ConfigError, match="cannot import the agent"):
         build_bundle(third_party, cache_dir=tmp_path)
     assert [p.name for p in (tmp_path / "agent-bundle").iterdir()] == []

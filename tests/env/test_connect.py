@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from orchard.env.calls import TUNNEL_UPGRADE
+from orchard.env.agent.protocol import TUNNEL_UPGRADE
 from orchard.env.transport import connect_agent
 from orchard.errors import AgentError, InvalidRequest
 

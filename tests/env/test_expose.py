@@ -336,7 +336,7 @@ def free_port() -> int:
 def test_an_agent_over_tcp_carries_connections_too(host_server, tmp_path):
     """As on Kubernetes, where the host reaches the agent at its Pod's address: the real agent,
     run on this host over TCP (so the "sandbox's" loopback is this host's)."""
-    server = Path(__file__).resolve().parents[2] / "orchard" / "env" / "agent" / "server.py"
+    server = Path(__file__).resolve().parents[2] / "orchard" / "env" / "agent" / "__main__.py"
     agent_port, exposed_port = free_port(), free_port()
     argv = [sys.executable, "-s", "-S", str(server), "--tcp", f"127.0.0.1:{agent_port}", "--workdir", str(tmp_path)]
     proc = subprocess.Popen(argv, env={**os.environ, "ORCHARD_AGENT_TOKEN": "tcp-token"}, stderr=subprocess.PIPE)

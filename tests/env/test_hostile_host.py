@@ -696,7 +696,7 @@ def test_refused_download_removes_the_parent_folders_it_created(tmp_path):
 
 
 def test_archives_the_agent_writes_extract_exactly(tmp_path):
-    from orchard.env.agent.server import write_tar
+    from orchard.env.agent.files import write_tar
 
     source = tmp_path / "src"
     deep = source / ("d" * 150) / ("e" * 150)

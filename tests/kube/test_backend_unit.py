@@ -37,7 +37,7 @@ from orchard.env.manager import SandboxManager
 from orchard.errors import ConfigError, EngineUnavailable, SandboxError
 from orchard.store import Store
 
-SERVER = Path(__file__).resolve().parents[2] / "orchard" / "env" / "agent" / "server.py"
+SERVER = Path(__file__).resolve().parents[2] / "orchard" / "env" / "agent" / "__main__.py"
 TOKEN = "k8s-test-token-" + "x" * 16
 SECURE = {
     "allowPrivilegeEscalation": False,
@@ -310,7 +310,7 @@ def _free_port() -> int:
 
 
 def _start_agent(env: dict[str, str], port: int, workdir: Path) -> subprocess.Popen[bytes]:
-    """server.py as a Pod starts it (``-s -S``, TCP), with only the variables given for its token."""
+    """The agent as a Pod starts it (its entry, ``-s -S``, TCP), with only the variables given for its token."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ORCHARD_AGENT_")}
     argv = [sys.executable, "-s", "-S", str(SERVER), "--tcp", f"127.0.0.1:{port}", "--workdir", str(workdir)]
     return subprocess.Popen(argv, env={**clean, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -67,6 +67,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchard.config import settings
+from orchard.env.agent.protocol import TOKEN_ENV
 from orchard.env.backends.base import (
     LABEL_PREFIX,
     AgentEndpoint,
@@ -228,7 +229,7 @@ class DockerBackend:
                 entrypoint=self._agent_argv(spec),
                 name=self.pod_name(sandbox_id),
                 labels=labels_for(sandbox_id, spec),
-                environment={**spec.env, **self.bundle.environment(AGENT_MOUNT), "ORCHARD_AGENT_TOKEN": token},
+                environment={**spec.env, **self.bundle.environment(AGENT_MOUNT), TOKEN_ENV: token},
                 host_config=self._host_config(run_dir, spec),
                 ports=[AGENT_PORT] if self.route == "port" else None,
                 # Blocked: not even Docker's network set-up runs (its busiest per-container

@@ -85,6 +85,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchard import __version__
+from orchard.env.agent.protocol import AGENT_ENV_PREFIX, TOKEN_SHA256_ENV
 from orchard.env.backends.base import LABEL_PREFIX, AgentEndpoint, BackendSandbox, SandboxSpec, SandboxState
 from orchard.errors import AuthError, ConfigError, Conflict, EngineUnavailable, NotFound, SandboxError
 
@@ -100,7 +101,6 @@ INIT_CONTAINER = "orchard-agent"
 MAIN_CONTAINER = "sandbox"
 INJECT_COMMAND = ["/bin/busybox", "cp", "-a", "/orchard-bundle/.", f"{AGENT_MOUNT}/"]
 """The init container's command: the injector image holds a static busybox and the bundle."""
-TOKEN_SHA256_ENV = "ORCHARD_AGENT_TOKEN_SHA256"
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 ID_LABEL = "orchard.sandbox/id"
@@ -876,7 +876,7 @@ def pod_manifest(
         annotations[RUN_KEY] = spec.run_id
         if len(spec.run_id) <= 63 and _LABEL_VALUE.fullmatch(spec.run_id):
             labels[RUN_KEY] = spec.run_id
-    environment = {k: v for k, v in spec.env.items() if not k.startswith("ORCHARD_AGENT_")}
+    environment = {k: v for k, v in spec.env.items() if not k.startswith(AGENT_ENV_PREFIX)}
     environment |= bundle.environment(AGENT_MOUNT)
     environment[TOKEN_SHA256_ENV] = hashlib.sha256(token.encode()).hexdigest()
     limits: dict[str, str] = {}
