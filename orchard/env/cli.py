@@ -364,11 +364,15 @@ def sandbox_create(
     ] = "blocked",
     cpu: Annotated[float | None, typer.Option(metavar="CORES", help="CPU cores.")] = None,
     memory: Annotated[str | None, typer.Option(metavar="SIZE", help="Memory limit, e.g. 2Gi.")] = None,
-    ttl: Annotated[float, typer.Option(metavar="SECONDS", help="Seconds until it is reaped.")] = 7200.0,
+    ttl: Annotated[
+        float | None, typer.Option(metavar="SECONDS", help="Seconds until it is reaped (default 7200).")
+    ] = None,
 ) -> None:
     """Create a sandbox in the running service and print its id."""
     with _service_client() as client:
-        box = client.create(image, network=network, cpu=cpu, memory=memory, ttl=ttl, keep=True)
+        box = client.create(
+            image, network=network, cpu=cpu, memory=memory, keep=True, **({} if ttl is None else {"ttl": ttl})
+        )
         typer.echo(box.id)
 
 

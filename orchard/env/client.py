@@ -37,15 +37,20 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from orchard.env.backends.base import SandboxOptions
 
 from orchard.config import settings
 from orchard.env.agent.protocol import CONNECT_ROUTE, HTTP_DEFAULT_MAX_BYTES, TUNNEL_MAX_WAIT
 from orchard.env.archive import Download
 from orchard.env.backends import BackendConfig
-from orchard.env.backends.base import AgentEndpoint, Network, SandboxSpec, check_sandbox_id, make_spec
+from orchard.env.backends.base import AgentEndpoint, SandboxSpec, check_sandbox_id, make_spec
 from orchard.env.calls import (
     ARCHIVE_LIMIT,
     READ_LIMIT,
@@ -1057,21 +1062,14 @@ class Client:
         self,
         image: str,
         *,
-        network: Network = "blocked",
-        cpu: float | None = None,
-        memory: str | int | None = None,
-        disk: str | int | None = None,
-        tmpfs: dict[str, str | int] | None = None,
-        ttl: float = 7200.0,
-        env: dict[str, str] | None = None,
         sandbox_id: str | None = None,
-        run_id: str | None = None,
         timeout: float = 120.0,
         keep: bool = False,
-        init: str | None = None,
-        init_timeout: float = 60.0,
+        **options: Unpack[SandboxOptions],
     ) -> Sandbox:
-        """Start a sandbox from `image` and return it once its agent answers.
+        """Start a sandbox from `image` and return it once its agent answers; `options` are
+        `SandboxOptions` (`network`, `cpu`, `memory`, `disk`, `tmpfs`, `ttl`, `env`, `run_id`,
+        `init`, `init_timeout`; `orchard.env.backends.base`).
 
         With `keep`, the sandbox outlives this client (service mode only; it is still reaped at
         its TTL). With `init`, that shell command runs once in the sandbox before it is returned
@@ -1079,54 +1077,16 @@ class Client:
         says why. A warm pool of the same arguments, `init` included, holds sandboxes that ran it.
         """
         self._core.check_open("Client")
-        spec = make_spec(
-            image,
-            network=network,
-            cpu=cpu,
-            memory=memory,
-            disk=disk,
-            tmpfs=tmpfs,
-            ttl=ttl,
-            env=env,
-            run_id=run_id,
-            init=init,
-            init_timeout=init_timeout,
-        )
+        spec = make_spec(image, **options)
         made = self._run(self._core.create(spec, sandbox_id, timeout, keep))
         return self._core.adopt(self._handle(made, image), keep)
 
-    def warm(
-        self,
-        image: str,
-        size: int,
-        *,
-        network: Network = "blocked",
-        cpu: float | None = None,
-        memory: str | int | None = None,
-        disk: str | int | None = None,
-        tmpfs: dict[str, str | int] | None = None,
-        ttl: float = 7200.0,
-        env: dict[str, str] | None = None,
-        init: str | None = None,
-        init_timeout: float = 60.0,
-        drain: bool = False,
-    ) -> None:
+    def warm(self, image: str, size: int, *, drain: bool = False, **options: Unpack[SandboxOptions]) -> None:
         """Keep `size` sandboxes of this kind started (each ran `init`, if given); `create` with
         the same arguments takes one at once. With `drain`, the pool shrinks to `size` now: the
         ready sandboxes beyond it are deleted, and those still starting once they are up."""
         self._core.check_open("Client")
-        spec = make_spec(
-            image,
-            network=network,
-            cpu=cpu,
-            memory=memory,
-            disk=disk,
-            tmpfs=tmpfs,
-            ttl=ttl,
-            env=env,
-            init=init,
-            init_timeout=init_timeout,
-        )
+        spec = make_spec(image, **options)
         self._run(self._core.warm(spec, size, drain))
 
     def attach(self, sandbox_id: str) -> Sandbox:
@@ -1230,68 +1190,21 @@ class AsyncClient:
         self,
         image: str,
         *,
-        network: Network = "blocked",
-        cpu: float | None = None,
-        memory: str | int | None = None,
-        disk: str | int | None = None,
-        tmpfs: dict[str, str | int] | None = None,
-        ttl: float = 7200.0,
-        env: dict[str, str] | None = None,
         sandbox_id: str | None = None,
-        run_id: str | None = None,
         timeout: float = 120.0,
         keep: bool = False,
-        init: str | None = None,
-        init_timeout: float = 60.0,
+        **options: Unpack[SandboxOptions],
     ) -> AsyncSandbox:
         """Start a sandbox from `image` and return it once its agent answers (see `Client.create`)."""
         self._core.check_open("AsyncClient")
-        spec = make_spec(
-            image,
-            network=network,
-            cpu=cpu,
-            memory=memory,
-            disk=disk,
-            tmpfs=tmpfs,
-            ttl=ttl,
-            env=env,
-            run_id=run_id,
-            init=init,
-            init_timeout=init_timeout,
-        )
+        spec = make_spec(image, **options)
         made = await self._run(self._core.create(spec, sandbox_id, timeout, keep))
         return self._core.adopt(self._handle(made, image), keep)
 
-    async def warm(
-        self,
-        image: str,
-        size: int,
-        *,
-        network: Network = "blocked",
-        cpu: float | None = None,
-        memory: str | int | None = None,
-        disk: str | int | None = None,
-        tmpfs: dict[str, str | int] | None = None,
-        ttl: float = 7200.0,
-        env: dict[str, str] | None = None,
-        init: str | None = None,
-        init_timeout: float = 60.0,
-        drain: bool = False,
-    ) -> None:
+    async def warm(self, image: str, size: int, *, drain: bool = False, **options: Unpack[SandboxOptions]) -> None:
         """Keep `size` sandboxes of this kind started (see `Client.warm`)."""
         self._core.check_open("AsyncClient")
-        spec = make_spec(
-            image,
-            network=network,
-            cpu=cpu,
-            memory=memory,
-            disk=disk,
-            tmpfs=tmpfs,
-            ttl=ttl,
-            env=env,
-            init=init,
-            init_timeout=init_timeout,
-        )
+        spec = make_spec(image, **options)
         await self._run(self._core.warm(spec, size, drain))
 
     def attach(self, sandbox_id: str) -> AsyncSandbox:

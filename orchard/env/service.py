@@ -69,6 +69,7 @@ from orchard.config import private_file, private_folder, settings
 from orchard.env.agent.protocol import HTTP_DEFAULT_MAX_BYTES, HTTP_MAX_BYTES, HTTP_MAX_TIMEOUT
 from orchard.env.backends import backend_config
 from orchard.env.backends.base import (
+    DEFAULT_TTL,
     MAX_INIT,
     MAX_INIT_TIMEOUT,
     SANDBOX_ID,
@@ -164,7 +165,7 @@ class CreateSandbox(Body):
     timeout: int = Field(default=3600, gt=0, description="Seconds; a sandbox not ready within timeout + 600 is reaped.")
     disk: StrictStr | None = Field(default=None, description="Extension: cap on filesystem writes, e.g. 10Gi.")
     tmpfs: dict[StrictStr, StrictStr] | None = Field(default=None, description="Extension: in-memory folders.")
-    ttl: int = Field(default=7200, gt=0, description="Extension: seconds until the sandbox is reaped.")
+    ttl: int = Field(default=int(DEFAULT_TTL), gt=0, description="Extension: seconds until the sandbox is reaped.")
     env: dict[StrictStr, StrictStr] | None = Field(default=None, description="Extension: environment of commands.")
     run_id: StrictStr | None = Field(default=None, description="Extension: the run it belongs to.")
     init: StrictStr | None = Field(

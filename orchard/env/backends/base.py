@@ -7,11 +7,13 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, overload
+from typing import Literal, Protocol, TypedDict, overload
 
 from orchard.errors import InvalidRequest
 
 Network = Literal["blocked", "dropped", "open"]
+DEFAULT_TTL = 7200.0
+"""Seconds a sandbox lives unless it says otherwise, then the reaper deletes it."""
 
 LABEL_PREFIX = "org.orchard."
 
@@ -63,7 +65,7 @@ class SandboxSpec:
     """Cap on what the sandbox writes to its filesystem, where the backend can cap it."""
     tmpfs: dict[str, int] = field(default_factory=dict)
     """In-memory folders (path: size cap in bytes); they count against the memory limit."""
-    ttl: float = 7200.0
+    ttl: float = DEFAULT_TTL
     """Seconds after which the reaper deletes the sandbox."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for every command."""
@@ -248,6 +250,32 @@ def parse_cpu(cpu: str | float | None) -> float | None:
     return millicores / 1000
 
 
+class SandboxOptions(TypedDict, total=False):
+    """What a sandbox is made with besides its image, as `Client.create` and `Client.warm` (and
+    their async twins) take it: keywords, each optional, its default `make_spec`'s."""
+
+    network: Network
+    """`blocked` (loopback only, the default), `dropped` (as blocked, connections out time out) or `open`."""
+    cpu: str | float | None
+    """CPU cores (a number or a Kubernetes quantity); none: no limit."""
+    memory: str | int | None
+    """Memory limit (bytes or a quantity such as `2Gi`); none: no limit."""
+    disk: str | int | None
+    """Cap on what the sandbox writes to its filesystem, where the backend can cap it."""
+    tmpfs: dict[str, str | int] | None
+    """In-memory folders: path -> size cap."""
+    ttl: float
+    """Seconds until the reaper deletes it (`DEFAULT_TTL`)."""
+    env: dict[str, str] | None
+    """Extra environment for every command."""
+    run_id: str | None
+    """The run it belongs to."""
+    init: str | None
+    """A shell command run once before the sandbox is handed out (a warm pool's sandboxes ran it)."""
+    init_timeout: float
+    """Seconds `init` may run (60)."""
+
+
 def make_spec(
     image: str,
     *,
@@ -256,13 +284,14 @@ def make_spec(
     memory: str | int | None = None,
     disk: str | int | None = None,
     tmpfs: dict[str, str | int] | None = None,
-    ttl: float = 7200.0,
+    ttl: float = DEFAULT_TTL,
     env: dict[str, str] | None = None,
     run_id: str | None = None,
     init: str | None = None,
     init_timeout: float = 60.0,
 ) -> SandboxSpec:
-    """Validate what a user asks for (SDK arguments, a service request) into a spec, one clear error per mistake."""
+    """Validate what a user asks for (SDK arguments, a service request: `SandboxOptions`) into a
+    spec, one clear error per mistake. The defaults here are every entry point's."""
     check_init(init, init_timeout)
     if not isinstance(image, str) or not image.strip():
         raise InvalidRequest("image must be a non-empty image reference such as orchard/base:bookworm")
