@@ -23,14 +23,21 @@ _from_files: dict[Path, Any] = {}
 _guard = threading.Lock()
 
 
-def names(table: Mapping[str, str], *, files: bool = False) -> str:
-    """What a user may write, for help texts and errors: `bash, tools, cli, module:Class or path/file.py:Class`."""
-    forms = [*table, "module:Class"] + (["path/file.py:Class"] if files else [])
+def names(table: Mapping[str, str], *, files: bool = False, form: str = "Class") -> str:
+    """What a user may write, for help texts and errors: `bash, tools, cli, module:Class or
+    path/file.py:Class` (`form` names what the attribute is: a class, a function)."""
+    forms = [*table, f"module:{form}"] + ([f"path/file.py:{form}"] if files else [])
     return f"{', '.join(forms[:-1])} or {forms[-1]}"
 
 
 def load(
-    table: Mapping[str, str], name: str, what: str, *, files: bool = False, relative_to: str | Path | None = None
+    table: Mapping[str, str],
+    name: str,
+    what: str,
+    *,
+    files: bool = False,
+    relative_to: str | Path | None = None,
+    form: str = "Class",
 ) -> Any:
     """The object `name` stands for: a key of `table`, `module:Attr`, or with `files` `path/file.py:Attr`.
 
@@ -42,7 +49,7 @@ def load(
     where, colon, attribute = reference.rpartition(":")
     is_file = where.endswith(".py")
     if not colon or not where or not attribute or (is_file and not files):
-        raise ConfigError(f"unknown {what} {name!r}: use {names(table, files=files)}")
+        raise ConfigError(f"unknown {what} {name!r}: use {names(table, files=files, form=form)}")
     try:
         module = (
             _module_of_file(Path(relative_to or ".") / where, what, name) if is_file else importlib.import_module(where)

@@ -246,7 +246,7 @@ def image_builders() -> dict[str, str]:
 
 def build_image(name: str, *, force: bool = False, log: Log | None = None) -> str:
     """Build (or reuse) the image called `name` in `image_builders()`; return its tag."""
-    return str(load(image_builders(), name, "image")(force=force, log=log))
+    return str(load(image_builders(), name, "image", form="function")(force=force, log=log))
 
 
 def base_facts(labels: dict[str, str]) -> tuple[str, str] | None:
