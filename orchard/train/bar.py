@@ -9,6 +9,13 @@ spent without one, a relaxed fallback takes any mix of successes and failures (s
 informative: advantages are not all zero), nearest the middle; failing that (all rollouts agree),
 the best `group_size` by status. Defaults are the paper's: N = 8, N_max = 16, s = 16,
 rho in [0.375, 0.625].
+
+With memory (beyond the paper: `PassRates`), what each task's rollouts did in earlier steps and
+epochs sizes its next group: a task whose last `settle_after` rollouts or more all agree (the
+policy always solves it, or never does) gets one probe rollout, and when the probe agrees too its
+group is that rollout N times (uninformative, as any group of it would be: GRPO's advantages are
+all zero); one that disagrees is rolled out as usual. Any other task's first stride is the number
+of rollouts likely to hold a balanced group at its estimated pass rate, not a fixed `stride`.
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ class BARConfig:
 @dataclass
 class Group:
     rollouts: list[Rollout]
-    kind: Literal["balanced", "relaxed", "best"]
+    kind: Literal["balanced", "relaxed", "best", "settled"]
     spent: int
     """Rollouts generated for this task (the group plus the ones left out)."""
     pool: list[Rollout] = field(default_factory=list)
@@ -99,14 +106,71 @@ def fallback(pool: Sequence[Rollout], config: BARConfig) -> Group:
     return Group(_by_status(pool)[:n], "best", len(pool), list(pool))
 
 
-def balanced_rollout(generate: Callable[[int], list[Rollout]], config: BARConfig = BARConfig()) -> Group:
-    """Call `generate(k)` for strides of rollouts until a group forms (or the budget ends)."""
+@dataclass
+class PassRates:
+    """What BAR remembers of each task across steps and epochs: the outcomes of its rollouts, in
+    order, and from them a pass-rate estimate (the mean of a Beta(1, 1) prior updated by them)."""
+
+    settle_after: int = 8
+    """Rollouts that must all agree, the newest ones, before a task is taken as settled."""
+    outcomes: dict[str, list[bool]] = field(default_factory=dict)
+
+    def record(self, task: str, rollouts: Sequence[Rollout]) -> None:
+        self.outcomes.setdefault(task, []).extend(r.success for r in rollouts)
+
+    def rate(self, task: str) -> float | None:
+        """The estimated pass rate, in (0, 1); None for a task never rolled out."""
+        seen = self.outcomes.get(task)
+        return None if not seen else (1 + sum(seen)) / (2 + len(seen))
+
+    def settled(self, task: str) -> bool | None:
+        """True when the task's newest `settle_after` rollouts all succeeded, False when they all
+        failed, None otherwise (too few, or mixed)."""
+        newest = self.outcomes.get(task, [])[-self.settle_after :]
+        if len(newest) < self.settle_after or len(set(newest)) != 1:
+            return None
+        return newest[0]
+
+    def first_stride(self, task: str, config: BARConfig) -> int:
+        """Rollouts to generate first: at the estimated rate, enough to expect the band's middle
+        count of successes and of failures (at least `group_size`, at most `max_rollouts`); the
+        config's `stride` for a task never seen."""
+        p = self.rate(task)
+        if p is None:
+            return config.stride
+        wins = config.positive_counts()[0]
+        needed = math.ceil(max(wins / p, (config.group_size - wins) / (1 - p)) - 1e-9)
+        return max(config.group_size, min(needed, config.max_rollouts))
+
+
+def balanced_rollout(
+    generate: Callable[[int], list[Rollout]],
+    config: BARConfig = BARConfig(),
+    *,
+    memory: PassRates | None = None,
+    task: str = "",
+) -> Group:
+    """Call `generate(k)` for strides of rollouts until a group forms (or the budget ends); with
+    `memory`, what task `task` did before sizes it (and what it does now is remembered)."""
     pool: list[Rollout] = []
+    stride = config.stride
+    if memory is not None:
+        known = memory.settled(task)
+        if known is not None:
+            probe = generate(1)
+            memory.record(task, probe)
+            if probe and probe[0].success == known:
+                return Group(probe * config.group_size, "settled", 1, list(probe))
+            pool.extend(probe)  # it no longer agrees: rolled out as usual, the probe counted
+        stride = memory.first_stride(task, config)
     while len(pool) < config.max_rollouts:
-        wanted = min(config.stride, config.max_rollouts - len(pool))
+        wanted = min(stride, config.max_rollouts - len(pool))
+        stride = config.stride
         produced = generate(wanted)
         if not produced:
             break
+        if memory is not None:
+            memory.record(task, produced)
         pool.extend(produced)
         group = assemble(pool, config)
         if group is not None:

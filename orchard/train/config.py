@@ -144,6 +144,13 @@ class RLConfig(_Accelerated):
     rho_max: float = Field(
         default=0.625, ge=0, le=1, description="BAR: greatest share of successes in a balanced group"
     )
+    bar_memory: bool = Field(
+        default=True,
+        description="BAR with memory: each task's pass rate so far sizes its next group; a settled task gets one probe",
+    )
+    settle_after: int = Field(
+        default=8, ge=1, description="BAR with memory: agreeing rollouts, the newest, that settle a task"
+    )
     harnesses: list[HarnessSpec] | None = Field(
         default=None, min_length=1, description="harnesses; each rollout draws one (none: the task kind's own)"
     )
@@ -190,9 +197,16 @@ class ValueConfig(_Training):
 
 class EvalStageConfig(Attempts):
     """The recipe's last stage: the student before and the policy after, under every eval harness
-    (`orchard eval` on the recipe's tasks); a harness not trained on is reported as held out."""
+    (`orchard eval` on its own task set, held out from training, or on the training tasks); a
+    harness not trained on is reported as held out."""
 
     enabled: bool = Field(default=False, description="run the stage")
+    tasks: Source | None = Field(
+        default=None,
+        description="held-out task set, sharing no task id or repository with the training tasks "
+        "(none: the training tasks themselves, which proves nothing about tasks never seen)",
+    )
+    ids: list[str] | None = Field(default=None, description="only these task ids of the held-out set")
     samples: int = Field(default=2, ge=1, description="episodes per task and harness; the value model reranks them")
     temperature: float | None = Field(
         default=0.7, ge=0, description="sampling temperature: the samples differ, so the value model has a choice"

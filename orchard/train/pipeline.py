@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchard.configfile import load_config_file
+from orchard.errors import ConfigError
 from orchard.store import Store
 from orchard.train.config import RecipeConfig
 from orchard.train.student import Student, build_student
@@ -58,8 +59,11 @@ def run_recipe(
     launch = Launch()
     log = launch.log(log)
     tasks = load_tasks(config.tasks, ids=config.ids)
+    held_out = load_tasks(config.eval.tasks, ids=config.eval.ids) if config.eval.enabled and config.eval.tasks else []
     if recipe is not None:
         check_kinds(recipe, {task.kind for task in tasks}, f"the tasks {config.tasks}")
+        check_kinds(recipe, {task.kind for task in held_out}, f"the eval tasks {config.eval.tasks}")
+    check_held_out(tasks, held_out, config.eval.tasks)
     prepare = Prepare(config.repos)
     work = Path(config.work_dir)
     work.mkdir(parents=True, exist_ok=True)  # once the tasks are found: a mistake leaves nothing behind
@@ -95,12 +99,28 @@ def run_recipe(
                 store,
                 log,
                 "eval",
-                lambda _run: _eval(config, tasks, client, student, policy, value_dir, log, store),
+                lambda _run: _eval(config, held_out or tasks, client, student, policy, value_dir, log, store),
             )
     launch.close()
     summary["policy"] = policy.path
     summary["main_process"] = launch.is_main
     return summary
+
+
+def check_held_out(trained: Sequence[Any], held_out: Sequence[Any], source: str | None) -> None:
+    """A `ConfigError` naming what a held-out set shares with the training tasks: a task id, or a
+    repository (tasks of one repository teach its code, whatever the issue)."""
+    ids = sorted({t.instance_id for t in trained} & {t.instance_id for t in held_out})
+    repos = sorted(
+        {r for t in trained if (r := getattr(t, "repo", None))} & {getattr(t, "repo", None) for t in held_out}
+    )
+    shared = [f"task {ids[0]}" + (f" (and {len(ids) - 1} more)" if len(ids) > 1 else "")] if ids else []
+    shared += [f"repository {repos[0]}" + (f" (and {len(repos) - 1} more)" if len(repos) > 1 else "")] if repos else []
+    if shared:
+        raise ConfigError(
+            f"eval.tasks {source} is not held out: it shares {' and '.join(shared)} with the training tasks; "
+            "evaluate on tasks (and repositories) the recipe never trains on"
+        )
 
 
 def _stage(
@@ -158,12 +178,15 @@ def _short(value: Any) -> str:
 
 
 def _attempts(config: RecipeConfig, stage: Attempts, models: list[str], samples: int) -> CollectRunConfig:
-    """A stage's attempts (collect's, eval's) as `orchard collect` would make them on the recipe's tasks."""
+    """A stage's attempts (collect's, eval's) as `orchard collect` would make them on the stage's
+    tasks: the eval stage's own set where it names one, else the recipe's."""
     from orchard.eval.config import Attempts, CollectRunConfig
 
     fields = stage.model_dump(include=set(Attempts.model_fields))
+    own = getattr(stage, "tasks", None)
+    tasks, ids = (own, getattr(stage, "ids", None)) if own else (config.tasks, config.ids)
     return CollectRunConfig.model_validate(
-        {**fields, "tasks": config.tasks, "ids": config.ids, "repos": config.repos, "models": models, "k": samples}
+        {**fields, "tasks": tasks, "ids": ids, "repos": config.repos, "models": models, "k": samples}
         | {"concurrency": config.concurrency}
     )
 
@@ -304,6 +327,10 @@ def _eval(
     from orchard.eval.rerank import rerank_run
 
     kind = type(tasks[0])
+    if config.eval.tasks:
+        log(f"[eval] on {len(tasks)} held-out tasks ({config.eval.tasks})")
+    else:
+        log(f"[eval] on the {len(tasks)} training tasks (name held-out ones in eval.tasks to measure generalisation)")
     trained = set(config.collect.harnesses_for(tasks))
     if config.rl.enabled:
         trained |= set(config.rl.harnesses or kind.harnesses)
@@ -339,5 +366,6 @@ def _eval(
         "matrix": matrix,
         "pass": passing,
         "held_out": sorted(set(matrix["after"]) - trained),
+        "tasks": {"held_out": bool(config.eval.tasks), "count": len(tasks), "ids": [t.instance_id for t in tasks]},
         "rerank": reranked,
     }

@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any, cast
 from orchard.agents.loop import Limits, record_verdict, save_episode
 from orchard.agents.models import ModelError, TransformersModel
 from orchard.errors import ConfigError, OrchardError
-from orchard.eval.attempt import TaskPools, attempt
+from orchard.eval.attempt import TaskPools, played
 from orchard.store import Store
 from orchard.train import lora_config, quiet, save_trained, shared_args
-from orchard.train.bar import Rollout, balanced_rollout
+from orchard.train.bar import PassRates, Rollout, balanced_rollout
 from orchard.train.config import RLConfig
 from orchard.train.sft import assistant_spans
 from orchard.train.student import student_at
@@ -61,6 +61,7 @@ class StepStats:
     rewards: list[float] = field(default_factory=list)
     groups: int = 0
     informative: int = 0
+    settled: int = 0
     spent: int = 0
     saved: int = 0
 
@@ -70,6 +71,7 @@ class StepStats:
             rewards=[r for p in parts for r in p.rewards],
             groups=sum(p.groups for p in parts),
             informative=sum(p.informative for p in parts),
+            settled=sum(p.settled for p in parts),
             spent=sum(p.spent for p in parts),
             saved=sum(p.saved for p in parts),
         )
@@ -99,6 +101,8 @@ class SandboxRollouts:
         self.by_prompt = {self.prompt_key(t): t for t in tasks}
         self.rng = random.Random(settings.seed)
         self.history: list[dict[str, float]] = []
+        self.memory = PassRates(settings.settle_after) if settings.bar_memory else None
+        """What each task's rollouts did so far, across steps and epochs (BAR with memory)."""
 
     @staticmethod
     def prompt_key(task: TaskBase) -> str:
@@ -130,9 +134,15 @@ class SandboxRollouts:
                 task = self.by_prompt.get(text)
                 if task is None:
                     raise ConfigError(f"a prompt of the dataset names no task of this run: {text[:80]!r}")
-                group = balanced_rollout(functools.partial(self._stride, task, policy), self.settings.bar)
+                group = balanced_rollout(
+                    functools.partial(self._stride, task, policy),
+                    self.settings.bar,
+                    memory=self.memory,
+                    task=task.instance_id,
+                )
                 stats.groups += 1
                 stats.informative += int(group.informative)
+                stats.settled += int(group.kind == "settled")
                 stats.spent += group.spent
                 stats.saved += self.settings.bar.max_rollouts - group.spent
                 for rollout in group.rollouts:
@@ -151,6 +161,8 @@ class SandboxRollouts:
             "bar/reward_mean": statistics.fmean(stats.rewards) if stats.rewards else 0.0,
             "bar/informative_share": stats.informative / max(1, stats.groups),
             "bar/rollouts_per_group": stats.spent / max(1, stats.groups),
+            "bar/rollouts_per_informative": stats.spent / max(1, stats.informative),
+            "bar/settled": float(stats.settled),
             "bar/rollouts_saved": float(stats.saved),
         }
         self.history.append({k.removeprefix("bar/"): v for k, v in metrics.items()})
@@ -189,9 +201,12 @@ class SandboxRollouts:
     def _episode(self, task: TaskBase, policy: TransformersModel) -> Rollout:
         harness = self.rng.choice(self.settings.harnesses or ())
         limits = Limits(episode_steps=self.settings.episode_steps)
-        episode, grade = attempt(task, harness, policy, self.client, self.images[task.instance_id], limits=limits)
+        image = self.images[task.instance_id]
+        seen = played(task, harness, policy, self.client, image, limits=limits)
+        episode = seen.episode
+        grade = task.grade(self.client, episode.submission, image)
         resolved = grade.resolved
-        if self.run_id is not None and episode.status != "aborted":  # a failure of ours says nothing of the policy
+        if self.run_id is not None and seen.machine_fault is None:  # a failure of ours says nothing of the policy
             save_episode(episode, run_id=self.run_id, sample=next(self._samples), store=self.store)
             record_verdict(episode.trajectory_id, grade.outcome, resolved, store=self.store)
         low, high = self.settings.failure_reward, self.settings.success_reward

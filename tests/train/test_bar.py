@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchard.train.bar import BARConfig, Rollout, advantages, assemble, balanced_rollout, fallback
+from orchard.train.bar import BARConfig, PassRates, Rollout, advantages, assemble, balanced_rollout, fallback
 
 
 def sequence(outcomes: str, statuses: str | None = None):
@@ -95,3 +95,65 @@ def test_advantages_are_group_relative():
     generate, _ = sequence("1111000000000000")
     values = advantages(balanced_rollout(generate, BARConfig(group_size=4, rho_min=0.5, rho_max=0.5)))
     assert sum(values) == pytest.approx(0.0) and values[0] > 0 > values[-1]
+
+
+def _history(outcomes: str):
+    """A task's rollouts to come (`sequence`'s generator)."""
+    return sequence(outcomes)[0]
+
+
+def test_pass_rates_settle_on_the_newest_agreeing_rollouts_and_unsettle_on_a_change():
+    memory = PassRates(settle_after=4)
+    assert memory.rate("t") is None and memory.settled("t") is None
+    memory.record("t", [Rollout(False, -1.0)] * 3)
+    assert memory.settled("t") is None  # three, not four
+    memory.record("t", [Rollout(False, -1.0)])
+    assert memory.settled("t") is False and memory.rate("t") == 1 / 6
+    memory.record("t", [Rollout(True, 1.0)])
+    assert memory.settled("t") is None  # the policy learnt something: no longer settled
+    memory.record("t", [Rollout(True, 1.0)] * 3)
+    assert memory.settled("t") is True
+
+
+def test_a_settled_task_costs_one_probe_and_one_that_changed_is_rolled_out_as_usual():
+    config = BARConfig(group_size=4, max_rollouts=8, stride=8)
+    memory = PassRates(settle_after=4)
+    memory.record("never", [Rollout(False, -1.0)] * 4)
+    group = balanced_rollout(_history("0000"), config, memory=memory, task="never")
+    assert (group.kind, group.spent, len(group.rollouts), group.informative) == ("settled", 1, 4, False)
+    group = balanced_rollout(_history("1" + "01" * 4), config, memory=memory, task="never")
+    assert group.kind == "balanced" and group.positives == 2 and group.pool[0].success  # the probe counted
+    assert memory.settled("never") is None
+
+
+def test_the_first_stride_follows_the_estimated_pass_rate():
+    config = BARConfig(group_size=4, max_rollouts=16, stride=16)
+    memory = PassRates()
+    assert memory.first_stride("new", config) == 16  # never seen: the paper's stride
+    memory.record("even", [Rollout(i % 2 == 0, 0.0) for i in range(20)])
+    assert memory.first_stride("even", config) == 4  # at about 1/2, a group's worth
+    memory.record("rare", [Rollout(i % 5 == 0, 0.0) for i in range(20)])
+    assert memory.first_stride("rare", config) == 9  # at (1 + 4) / (2 + 20), two successes take nine
+    memory.record("hopeless", [Rollout(False, 0.0)] * 20)
+    assert memory.first_stride("hopeless", config) == 16  # capped at the budget
+
+
+def test_memory_spends_fewer_rollouts_per_informative_group_on_hand_made_histories():
+    """Ten epochs over three tasks as a policy sees them: one it always solves, one it never
+    solves, one it solves every other time. Without memory every group costs a whole stride (16);
+    with it, the settled tasks cost a probe each and the even one a group's worth."""
+    config = BARConfig(group_size=4, max_rollouts=16, stride=16)
+    histories = {"always": "1" * 200, "never": "0" * 200, "even": "10" * 100}
+
+    def spent_per_informative(memory: PassRates | None) -> float:
+        left = {task: _history(outcomes) for task, outcomes in histories.items()}
+        spent = informative = 0
+        for _epoch in range(10):
+            for task in histories:
+                group = balanced_rollout(left[task], config, memory=memory, task=task)
+                spent, informative = spent + group.spent, informative + group.informative
+        return spent / informative
+
+    without, with_memory = spent_per_informative(None), spent_per_informative(PassRates())
+    assert without == 16 * 3 * 10 / 10  # every group a stride; only the even task's are informative
+    assert with_memory * 1.3 <= without

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,39 @@ def test_every_section_is_a_strict_config_model():
     assert all(s.model_config.get("extra") == "forbid" for s in sections)
     with pytest.raises(ConfigError, match=r"^f.yaml: student.paht: unknown key \(did you mean path\?\)$"):
         validated(RecipeConfig, {"name": "x", "tasks": "t", "student": {"paht": "m"}}, where="f.yaml")
+
+
+def test_a_held_out_set_that_shares_a_task_or_a_repository_is_refused_in_one_line(orchard_home, tmp_path):
+    """`eval.tasks` is held out only if the recipe never trains on its tasks or their repositories:
+    `orchard train` says what it shares, in one line, before any stage starts or folder is made."""
+    from typer.testing import CliRunner
+
+    from orchard.cli import app
+
+    rows = [json.loads(line) for line in (ROOT / "examples/tasks/tasks.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if r["repo"] != "orchard-examples/timecalc"]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trained))
+    (tmp_path / "same-repo.jsonl").write_text(json.dumps({**trained[0], "instance_id": "fresh-1"}) + "\n")
+    (tmp_path / "held-out.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows if r["repo"] == "orchard-examples/timecalc")
+    )
+    config = yaml.safe_load((ROOT / "examples/configs/swe-tiny.yaml").read_text())
+    config.update(tasks=str(tmp_path / "train.jsonl"), ids=None, repos=str(tmp_path), work_dir=str(tmp_path / "work"))
+    expected = {
+        "train.jsonl": f"shares task {trained[0]['instance_id']} (and {len(trained) - 1} more) and repository "
+        "orchard-examples/inventory (and 1 more)",
+        "same-repo.jsonl": f"shares repository {trained[0]['repo']}",
+    }
+    for held_out, shared in expected.items():
+        config["eval"] = {"enabled": True, "tasks": str(tmp_path / held_out)}
+        (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(config))
+        result = CliRunner().invoke(app, ["train", "swe", "--config", str(tmp_path / "recipe.yaml")])
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"error: eval.tasks {tmp_path / held_out} is not held out: it {shared} with the training tasks; "
+            "evaluate on tasks (and repositories) the recipe never trains on\n"
+        )
+        assert not (tmp_path / "work").exists()
+    config["eval"] = {"enabled": True, "tasks": "held-out.jsonl"}  # relative to the recipe's folder
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(config))
+    assert load_config(tmp_path / "recipe.yaml").eval.tasks == str(tmp_path / "held-out.jsonl")

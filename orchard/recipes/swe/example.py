@@ -12,7 +12,7 @@ from orchard.config import settings
 
 def prepare(config: dict[str, Any], examples: Path) -> None:
     """The example tasks' repositories (`examples/tasks/make_repos.py`: git repositories with fixed
-    commits, under the cache folder), and an eval under the three harnesses, two samples each."""
+    commits, under the cache folder), and the eval stage on (the tests leave it off)."""
     repos = settings().cache_dir / "example-repos"
     subprocess.run(
         [sys.executable, str(examples / "tasks" / "make_repos.py"), "--force", str(repos)],
@@ -20,10 +20,4 @@ def prepare(config: dict[str, Any], examples: Path) -> None:
         capture_output=True,
     )
     config["repos"] = str(repos)
-    config["eval"] = {
-        "enabled": True,
-        "harnesses": ["bash", "tools", "cli"],
-        "samples": 2,
-        "episode_steps": 3,
-        "max_tokens": 16,
-    }
+    config["eval"]["enabled"] = True
