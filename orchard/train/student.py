@@ -171,10 +171,13 @@ Student = TextStudent | VisionStudent
 
 
 def student_at(path: str | Path) -> Student:
-    """The student in folder (or hub id) `path`: a vision-language one where it holds an image processor."""
+    """The student in folder (or hub id, or GGUF file: its converted folder) `path`: a
+    vision-language one where it holds an image processor."""
+    from orchard.agents.checkpoint import model_folder
     from orchard.agents.vision import holds_image_processor
 
-    return (VisionStudent if holds_image_processor(str(path)) else TextStudent)(str(path))
+    folder = model_folder(path)
+    return (VisionStudent if holds_image_processor(folder) else TextStudent)(folder)
 
 
 def build_student(config: StudentConfig, work: Path, log: Log, *, vision: bool) -> Student:
