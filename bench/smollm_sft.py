@@ -47,7 +47,7 @@ def main() -> None:
     from orchard.tasks.base import Prepare
     from orchard.train.config import SFTConfig
     from orchard.train.sft import sft_examples, train_sft
-    from orchard.train.smollm import convert_smollm2
+    from orchard.train.smollm import smollm2_folder
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -59,7 +59,7 @@ def main() -> None:
     prepare = Prepare(work / "repos")
     tasks = load_tasks(ROOT / "examples/tasks/tasks.jsonl")
     chosen = tasks[: args.tasks]
-    base = convert_smollm2(work / "smollm2")
+    base = smollm2_folder()  # converted into the cache the first time
 
     def run_eval(client, path: Path, label: str):
         model = TransformersModel(str(path), max_new_tokens=args.max_new_tokens, name=label)

@@ -12,7 +12,9 @@
   the two must be given). Its `preflight()` asks the server once, before a run, whether it serves
   the model (and takes tools, when the run offers them); during a run, a server that fails
   several calls in a row raises `ModelUnavailable`.
-* `hf:PATH` a local `transformers` causal LM (a folder), generating on this machine.
+* `hf:PATH` a local `transformers` causal LM (a folder, or a GGUF file `hf:/path/model.gguf`,
+  converted once into a folder in Orchard's cache: `orchard.agents.checkpoint`), generating on
+  this machine.
 
 A model hands out one `ModelSession` per episode (`session(task, harness)`), so sessions can run
 in parallel and keep per-episode state. A model may have a `preflight()`, which `check_model`
@@ -462,14 +464,17 @@ class TransformersModel:
 
 
 def _load_causal_lm(path: str | None) -> tuple[Any, Any]:
-    """A tokenizer and causal LM from a folder or a hub id (the hub needs a network or the HF cache)."""
+    """A tokenizer and causal LM from a folder, a GGUF file (converted once into a folder,
+    `orchard.agents.checkpoint`) or a hub id (the hub needs a network or the HF cache)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = Path(path or "").expanduser()
+    from orchard.agents.checkpoint import model_folder
+
+    folder = Path(model_folder(Path(path or "").expanduser()))
     hub_id = bool(path) and not folder.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", path or "") is not None
     if not folder.is_dir() and not hub_id:
-        raise ConfigError(f"no model folder at {path}")
+        raise ConfigError(f"no model folder (or GGUF file) at {path}")
     source = str(path) if hub_id else str(folder)
     if hub_id:
         from orchard.config import require_hub

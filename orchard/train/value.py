@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlmodel import col, select
 
+from orchard.agents.checkpoint import model_folder
 from orchard.errors import ConfigError
 from orchard.eval.rerank import encode, trajectory_text
 from orchard.store import Store, TrajectoryRecord, session
@@ -69,7 +70,8 @@ def train_value(
     callbacks: list | None = None,
 ) -> dict[str, Any]:
     """Fit a scalar head on `trajectories` (resolved: 1, not: 0), the Trainer's arguments taken from
-    `config`; the model goes to `output_dir`."""
+    `config`; the model goes to `output_dir`. `base_model`: a folder, hub id or GGUF file (its
+    converted folder, `orchard.agents.checkpoint`)."""
     from datasets import Dataset
     from transformers import (
         AutoModelForSequenceClassification,
@@ -86,6 +88,7 @@ def train_value(
             f"a value model needs resolved and unresolved trajectories; these {len(trajectories)} are all "
             f"{'resolved' if labels == {True} else 'unresolved'}"
         )
+    base_model = model_folder(base_model)
     tokenizer = AutoTokenizer.from_pretrained(base_model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -108,7 +108,7 @@ def test_model_specs_and_a_dead_server():
     assert model_from_spec("noop").name == "noop" and model_from_spec("scripted:gold").name == "scripted:gold"
     with pytest.raises(ConfigError, match="unknown model 'gpt'"):
         model_from_spec("gpt")
-    with pytest.raises(ConfigError, match="no model folder at /nope"):
+    with pytest.raises(ConfigError, match=r"no model folder \(or GGUF file\) at /nope"):
         model_from_spec("hf:/nope")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
