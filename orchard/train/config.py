@@ -61,7 +61,8 @@ class StudentConfig(ConfigModel):
     """The model that the recipe trains."""
 
     path: Source | None = Field(
-        default=None, description="a model folder or a hub id; none: `smollm2`, else a tiny model built offline"
+        default=None,
+        description="a model folder, a GGUF file or a hub id; none: `smollm2`, else a tiny model built offline",
     )
     smollm2: bool = Field(
         default=False, description="without a path: SmolLM2-135M-Instruct, a real small model, converted offline"
