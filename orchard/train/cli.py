@@ -124,7 +124,9 @@ def demo(
         str,
         typer.Option("--recipe", help=f"The recipe: {', '.join(f'{r.name} ({r.about})' for r in recipes().values())}."),
     ] = next(iter(RECIPES)),
-    tasks: Annotated[int, typer.Option(min=1, help="Example tasks to use (4 by default).")] = 4,
+    tasks: Annotated[
+        int, typer.Option(min=1, help="Example tasks to train on (4 by default); the eval's are held out.")
+    ] = 4,
     work_dir: Annotated[
         Path | None, typer.Option(metavar="DIR", help="Where models go (default $ORCHARD_HOME/demo).")
     ] = None,
@@ -171,8 +173,10 @@ def demo(
         if task_file.suffix == ".jsonl"
         else json.loads(text)
     )
-    all_ids = [record["instance_id"] for record in records]
-    chosen = (data["ids"] + [i for i in all_ids if i not in data["ids"]])[:tasks]
+    held_out = set(data.get("eval", {}).get("ids") or ())  # its own tasks, and what they share none of
+    shared = {r.get("repo") for r in records if r["instance_id"] in held_out} - {None}
+    trainable = [r["instance_id"] for r in records if r["instance_id"] not in held_out and r.get("repo") not in shared]
+    chosen = (data["ids"] + [i for i in trainable if i not in data["ids"]])[:tasks]
     data.update(
         name=f"demo-{name}-{tasks}",
         tasks=str(task_file),
@@ -204,6 +208,10 @@ def demo(
     )
     evaluated = summary["eval"]
     k = data["eval"]["samples"]
+    on = evaluated["tasks"]
+    table.add_row(
+        "eval tasks", f"{on['count']} {'held out' if on['held_out'] else 'trained on'}: {', '.join(on['ids'])}"
+    )
     for label in ("before", "after"):
         cells = ", ".join(
             f"{h} {r:.0%}" + (f" (pass^{k} {evaluated['pass'][label][h]['pass^k']:.0%})" if example.pass_k else "")
@@ -219,4 +227,9 @@ def demo(
             f"one sample {figures['one_sample']:.0%}, value pick {figures['reranked']:.0%}, oracle {figures['oracle_pass_at_n']:.0%}",
         )
     Console().print(table)
+    typer.echo(
+        f"The student is a tiny model with random weights: the table shows every stage runs, on {len(chosen)} "
+        f"training and {len(evaluated['tasks']['ids'])} held-out tasks, not that a model learns (its rates stay "
+        "at 0%). A real model is `student: {smollm2: true}` in the recipe."
+    )
     typer.echo("open `orchard tui` to see the runs, their metrics, the sandboxes and every trajectory")
