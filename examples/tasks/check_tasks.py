@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check that every task in tasks.jsonl behaves as a SWE-bench task should.
 
-    python examples/tasks/check_tasks.py [--tasks FILE] [--only ID ...] [--python EXE]
+    python examples/tasks/check_tasks.py [--tasks FILE] [--repos DIR] [--only ID ...] [--python EXE]
 
 For every task this
 
@@ -9,7 +9,9 @@ For every task this
 * checks that ``patch`` touches no file under ``tests/`` and ``test_patch``
   only files under ``tests/``;
 * materialises the repositories with make_repos.py (twice, to check that the
-  commit hashes are reproducible) and makes a fresh clone at ``base_commit``;
+  commit hashes are reproducible), or with ``--repos DIR`` takes them from DIR
+  (``DIR/owner__name``, as generate.py writes them), and makes a fresh clone
+  at ``base_commit``;
 * applies ``test_patch`` with ``git apply`` and runs FAIL_TO_PASS (each must
   fail) and PASS_TO_PASS (each must pass);
 * applies ``patch`` and runs both lists again (all must pass), then the whole
@@ -55,6 +57,7 @@ REQUIRED_KEYS = {
     "workdir",
     "difficulty",
 }
+OPTIONAL_KEYS = {"bug_kind"}  # generate.py's
 DIFFICULTIES = {"easy", "medium", "hard"}
 MIN_PASS_TO_PASS = 3
 
@@ -133,22 +136,23 @@ class Runner:
 
 
 def validate_record(task: dict, commits: dict[str, str]) -> list[str]:
+    """Problems of the row; `commits` maps each known repository (owner/name) to its commit."""
     problems = []
     keys = set(task)
-    if keys != REQUIRED_KEYS:
-        missing, extra = REQUIRED_KEYS - keys, keys - REQUIRED_KEYS
+    if not REQUIRED_KEYS <= keys <= REQUIRED_KEYS | OPTIONAL_KEYS:
+        missing, extra = REQUIRED_KEYS - keys, keys - REQUIRED_KEYS - OPTIONAL_KEYS
         problems.append(f"keys: missing {sorted(missing)}, unexpected {sorted(extra)}")
         if missing:
             return problems
     repo = task["repo"]
     org, _, name = repo.partition("/")
-    if org != make_repos.ORG or name not in commits:
+    if repo not in commits:
         problems.append(f"unknown repo {repo!r}")
         return problems
-    if not re.fullmatch(rf"{re.escape(org)}__{re.escape(name)}-\d+", task["instance_id"]):
+    if not re.fullmatch(rf"{re.escape(org)}__{re.escape(name)}(-\d+)?", task["instance_id"]):
         problems.append(f"instance_id {task['instance_id']!r} does not match repo")
-    if task["base_commit"] != commits[name]:
-        problems.append(f"base_commit {task['base_commit']} != materialised {commits[name]}")
+    if task["base_commit"] != commits[repo]:
+        problems.append(f"base_commit {task['base_commit']} != materialised {commits[repo]}")
     if task["environment_setup_commit"] != task["base_commit"]:
         problems.append("environment_setup_commit differs from base_commit")
     if task["workdir"] != f"/workspace/{name}":
@@ -235,6 +239,17 @@ def check_task(task: dict, repo_path: Path, work: Path, runner: Runner, base_sui
     return problems
 
 
+def given_repos(root: Path, tasks: list[dict], runner: Runner) -> dict[str, tuple[Path, str]]:
+    """{owner/name: (path, HEAD)} of the tasks' repositories found as `root/owner__name`."""
+    repos = {}
+    for repo in sorted({task["repo"] for task in tasks if isinstance(task.get("repo"), str)}):
+        path = root / repo.replace("/", "__")
+        head = runner.git(["rev-parse", "HEAD"], path) if (path / ".git").is_dir() else None
+        if head is not None and head.returncode == 0:
+            repos[repo] = (path, head.stdout.strip())
+    return repos
+
+
 def load_tasks(path: Path) -> list[dict]:
     tasks = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
@@ -249,6 +264,9 @@ def load_tasks(path: Path) -> list[dict]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=Path, default=HERE / "tasks.jsonl")
+    parser.add_argument(
+        "--repos", type=Path, metavar="DIR", help="the tasks' repositories are in DIR/owner__name (generate.py's)"
+    )
     parser.add_argument(
         "--only", action="append", default=[], metavar="ID", help="check only this instance_id (repeatable)"
     )
@@ -272,24 +290,28 @@ def main(argv=None) -> int:
         (plugin_dir / "_orchard_outcomes.py").write_text(OUTCOME_PLUGIN)
         runner = Runner(args.python, plugin_dir)
 
-        repos = make_repos.make_all(tmp / "repos")
-        again = make_repos.make_all(tmp / "repos-again")
-        commits = {name: commit for name, (_path, commit) in repos.items()}
-        for name, (_path, commit) in again.items():
-            if commit != commits[name]:
-                general.append(f"{name}: commit not reproducible ({commits[name]} vs {commit})")
+        if args.repos is None:
+            made = make_repos.make_all(tmp / "repos")
+            again = make_repos.make_all(tmp / "repos-again")
+            repos = {f"{make_repos.ORG}/{name}": made_repo for name, made_repo in made.items()}
+            for name, (_path, commit) in again.items():
+                if commit != made[name][1]:
+                    general.append(f"{name}: commit not reproducible ({made[name][1]} vs {commit})")
+        else:
+            repos = given_repos(args.repos, tasks, runner)
+        commits = {repo: commit for repo, (_path, commit) in repos.items()}
 
         base_suites: dict[str, dict[str, str]] = {}
-        for name, (path, commit) in repos.items():
-            work = tmp / "base" / name
+        for repo, (path, commit) in repos.items():
+            work = tmp / "base" / repo.replace("/", "__")
             runner.git(["clone", "-q", str(path), str(work)], tmp)
             outcomes, tail = runner.pytest(work, [])
-            base_suites[name] = outcomes
+            base_suites[repo] = outcomes
             bad = sorted(node_id for node_id, outcome in outcomes.items() if outcome != "passed")
             status = "ok" if outcomes and not bad else "FAILING"
-            print(f"base  {make_repos.ORG}/{name} {commit}: {len(outcomes)} tests, {status}")
+            print(f"base  {repo} {commit}: {len(outcomes)} tests, {status}")
             if status != "ok":
-                general.append(f"{name}: base suite not passing: {bad or tail}")
+                general.append(f"{repo}: base suite not passing: {bad or tail}")
 
         seen_ids = set()
         for task in tasks:
@@ -300,9 +322,8 @@ def main(argv=None) -> int:
                 problems.append("duplicate instance_id")
             seen_ids.add(instance_id)
             if not any(p.startswith(("keys:", "unknown repo")) for p in problems):
-                name = task["repo"].partition("/")[2]
                 work = tmp / "work" / instance_id
-                problems += check_task(task, repos[name][0], work, runner, base_suites[name])
+                problems += check_task(task, repos[task["repo"]][0], work, runner, base_suites[task["repo"]])
             seconds = time.monotonic() - task_started
             if problems:
                 failures += 1

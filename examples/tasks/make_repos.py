@@ -127,20 +127,26 @@ def make_repo(name: str, dest_root: Path, force: bool = False) -> tuple[Path, st
             raise FileExistsError(f"{target} exists and is not empty (use --force)")
         shutil.rmtree(target)
     target.mkdir(parents=True)
-    os.chmod(target, 0o755)
     for relative in project_files(source):
         destination = target / relative
         destination.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source / relative, destination)
+    return target, commit_tree(target, f"{name} {VERSION}")
+
+
+def commit_tree(target: Path, message: str) -> str:
+    """Make the folder `target` a git repository whose one commit holds all its files, modes
+    pinned (755 folders, 644 files); returns the commit."""
+    os.chmod(target, 0o755)
     for dirpath, dirnames, filenames in os.walk(target):
         for dirname in dirnames:
             os.chmod(os.path.join(dirpath, dirname), 0o755)
         for filename in filenames:
             os.chmod(os.path.join(dirpath, filename), 0o644)
-    git(["init", "-q"], target)
+    git(["init", "-q", "--template="], target)  # no sample hooks: nothing the commit holds, and smaller
     git(["add", "-A"], target)
-    git(["commit", "-q", "--no-verify", "-m", f"{name} {VERSION}"], target)
-    return target, git(["rev-parse", "HEAD"], target)
+    git(["commit", "-q", "--no-verify", "-m", message], target)
+    return git(["rev-parse", "HEAD"], target)
 
 
 def make_all(dest_root: Path, force: bool = False) -> dict[str, tuple[Path, str]]:
