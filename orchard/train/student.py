@@ -29,7 +29,6 @@ class TextStudent:
     """A causal language model and its tokenizer."""
 
     path: str
-    vision = False
 
     def auto_class(self) -> Any:
         """The transformers class a trainer loads it with."""
@@ -85,8 +84,6 @@ class TextStudent:
 @dataclass(frozen=True)
 class VisionStudent(TextStudent):
     """A Qwen2-VL-style model: its tokenizer and its image processor, and screenshots in its turns."""
-
-    vision = True
 
     def auto_class(self) -> Any:
         from transformers import AutoModelForImageTextToText

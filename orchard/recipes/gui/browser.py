@@ -276,6 +276,7 @@ class Browser:
         self._cdp = connection
         self._context = context_id
         self._order: list[str] = []  # target ids, in the order the tabs were first seen
+        self._closing: set[str] = set()  # tabs we closed that Chromium may still list for a moment
         self._sessions: dict[str, str] = {}  # target id: session id
         self._states: dict[str, _PageState] = {}
         self._active = ""
@@ -605,6 +606,7 @@ class Browser:
         index = self._order.index(self._active) if self._active in self._order else 0
         with contextlib.suppress(CDPError):  # already gone
             self._cdp.send("Target.closeTarget", {"targetId": self._active})
+        self._closing.add(self._active)  # its close is under way: a refresh does not take it back as a popup
         self._forget(self._active)
         if self._order:
             self._activate(self._order[max(0, index - 1)])
@@ -690,8 +692,9 @@ class Browser:
         ]
         for target in [target for target in self._order if target not in pages]:
             self._forget(target)
+        self._closing &= set(pages)  # gone for good: forgotten
         for target in pages:
-            if target not in self._order:
+            if target not in self._order and target not in self._closing:
                 if len(self._order) >= MAX_TABS:
                     with contextlib.suppress(CDPError):  # already gone
                         self._cdp.send("Target.closeTarget", {"targetId": target})
