@@ -97,7 +97,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_gguf_file_is_an_hf_model_with_its_source_models_outputs(tiny_gguf, cache: Path):
     import torch
 
-    from orchard.train.student import student_at
+    from orchard.train.student import TextStudent, student_at
 
     folder, file = tiny_gguf
     source = TransformersModel(str(folder), max_new_tokens=8)
@@ -125,7 +125,7 @@ def test_a_gguf_file_is_an_hf_model_with_its_source_models_outputs(tiny_gguf, ca
 
     stamp = (converted / "model.safetensors").stat().st_mtime_ns
     student = student_at(file)  # a student named by its GGUF file trains from the converted folder
-    assert student.path == str(converted) and not student.vision
+    assert student.path == str(converted) and type(student) is TextStudent
     assert (converted / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not converted again
 
 
