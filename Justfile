@@ -21,8 +21,16 @@ images:
     orchard image build-base
     orchard image build-busybox
 
+# llama.cpp's server and GGUF converter, built once from PyPI's llama-cpp-python sources (for `llama:` models)
+llama:
+    orchard model llama-server
+
+# the learning run: SmolLM2-135M-Instruct before and after the pipeline, on held-out tasks (about 45 min)
+learning: images llama
+    python bench/learning.py
+
 # the test suite (CI runs exactly this through .ci/run); `just test tests/AREA` runs one area
-test *ARGS: images
+test *ARGS: images llama
     pytest -n 3 --dist loadfile -p no:cacheprovider {{ARGS}}
 
 # the inner loop: the tests that need no container, no API server and no pretrained model (under 90 s)

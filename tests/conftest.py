@@ -300,3 +300,40 @@ def chat_server() -> Iterator[Callable[[Callable[[list[dict[str, Any]]], str]], 
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A 2-layer Llama model with SmolLM2's tokenizer and chat template (a tokenizer llama.cpp's
+    converter knows) and random weights spread wide (its replies are not one token over and over),
+    for `llama:` models; llama.cpp's server is built first where it is not yet."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from orchard.agents.llamacpp import build
+    from orchard.train.smollm import smollm2_folder
+
+    build()
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:  # the matrices; the norms stay at 1
+                parameter.normal_(0.0, 0.5)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

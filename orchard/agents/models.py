@@ -510,10 +510,11 @@ MODELS: dict[str, str] = {
     "scripted": "orchard.agents.models:ScriptedModel",
     "openai": "orchard.agents.models:OpenAIModel",
     "hf": "orchard.agents.models:TransformersModel",
+    "llama": "orchard.agents.llamacpp:LlamaCppModel",
 }
 """Model adapters by the prefix of a spec (`PREFIX:ARGUMENT`): `name -> "module:Class"`; each class
 makes a model from the argument with `from_spec`. `noop` stands for `scripted:noop`."""
-SPECS = "scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME (with --base-url), hf:PATH or module:Class[:ARGUMENT]"
+SPECS = "scripted:gold, scripted:regress, scripted:sed, scripted:FILE, noop, openai:NAME (with --base-url), hf:PATH, llama:PATH or module:Class[:ARGUMENT]"
 
 
 def model_from_spec(

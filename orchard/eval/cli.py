@@ -25,7 +25,7 @@ TASKS_HELP = (
     f"or SCHEME:ARGUMENT for a set a package ships ({', '.join(merged('schemes'))})."
 )
 HARNESS_HELP = f"Harnesses, comma-separated: {names(HARNESSES, files=True)} (default: the task kind's own)."
-MODEL_HELP = "Models, comma-separated: scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME, hf:PATH or module:Class[:ARG]."
+MODEL_HELP = "Models, comma-separated: scripted:gold, scripted:regress, scripted:sed, scripted:FILE, noop, openai:NAME, hf:PATH, llama:PATH or module:Class[:ARG]."
 CONFIG_HELP = "Read the settings from this YAML file instead of flags (keys: orchard/eval/config.py)."
 MaxTokens = Annotated[int | None, typer.Option(min=1, help="Tokens per model reply (default: openai 2048, hf 256).")]
 Temperature = Annotated[float | None, typer.Option(min=0, help="Sampling temperature (default: 0, greedy).")]

@@ -96,7 +96,7 @@ class EvalConfig(_TaskSet):
 
     models: ModelSpecs | None = Field(
         default=None,
-        description="model specs: scripted:gold, scripted:regress, scripted:FILE, noop, openai:NAME, hf:PATH or module:Class[:ARG]",
+        description="model specs: scripted:gold, scripted:regress, scripted:sed, scripted:FILE, noop, openai:NAME, hf:PATH, llama:PATH or module:Class[:ARG]",
     )
     predictions: Predictions | None = Field(
         default=None,

@@ -71,6 +71,9 @@ class Job:
     config: dict[str, Any]
     """What its run is named by (`evaluate` adds the tasks' contents)."""
     recorded: dict[str, Any]
+    model: Any = None
+    """The model solving, when one does: whoever runs the job closes it after (`close()`, where it has
+    one: a server it started)."""
     """Kept with the run's config, naming nothing: where the tasks came from."""
 
 
@@ -117,7 +120,7 @@ def jobs(
         )
         run = settings(config) | {"model": spec, "model_settings": model_settings(agent, config)}
         solve = agent_solver(agent, Limits(episode_steps=config.episode_steps), store=store)
-        found.append(Job(agent.name, tasks, harnesses, config.k, solve, run, recorded))
+        found.append(Job(agent.name, tasks, harnesses, config.k, solve, run, recorded, agent))
     return tasks, found
 
 

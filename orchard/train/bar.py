@@ -180,6 +180,15 @@ def balanced_rollout(
     return fallback(pool, config)
 
 
+def fixed_rollouts_per_informative(rates: Sequence[float], group_size: int) -> float:
+    """What fixed groups would spend per informative group on the same draws of tasks: one group
+    of `group_size` per draw, informative with probability 1 - p^N - (1-p)^N at the task's pass
+    rate p, so N x draws / (the expected informative groups); inf when none would be."""
+    n = group_size
+    expected = sum(1 - p**n - (1 - p) ** n for p in rates)
+    return n * len(rates) / expected if expected > 0 else math.inf
+
+
 def advantages(group: Group) -> list[float]:
     """GRPO's group-relative advantages: reward minus the group mean, over the group's std."""
     rewards = [r.reward for r in group.rollouts]

@@ -73,6 +73,11 @@ class StudentConfig(ConfigModel):
         default=None,
         description="the tiny model sees images (a Qwen2-VL-style model); none: when the tasks' kind shows images",
     )
+    serve: Literal["transformers", "llama.cpp"] = Field(
+        default="transformers",
+        description="where its checkpoints generate in RL rollouts and evaluation: in this process, or on "
+        "llama.cpp's server (`llama:`, a text model; several times faster on a CPU; `orchard model llama-server`)",
+    )
 
 
 class CollectConfig(Attempts):
@@ -208,7 +213,14 @@ class EvalStageConfig(Attempts):
         "(none: the training tasks themselves, which proves nothing about tasks never seen)",
     )
     ids: list[str] | None = Field(default=None, description="only these task ids of the held-out set")
-    samples: int = Field(default=2, ge=1, description="episodes per task and harness; the value model reranks them")
+    samples: int = Field(
+        default=2,
+        ge=1,
+        description="episodes per task and harness of the last checkpoint; the value model reranks them",
+    )
+    earlier_samples: int | None = Field(
+        default=None, ge=1, description="episodes per task and harness of the checkpoints before it (none: samples)"
+    )
     temperature: float | None = Field(
         default=0.7, ge=0, description="sampling temperature: the samples differ, so the value model has a choice"
     )

@@ -22,7 +22,9 @@ pipeline continues where it stopped. Everything lands under `work_dir`.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,16 +81,21 @@ def run_recipe(
     summary: dict[str, Any] = {"student": student.path}
     stage = functools.partial(_stage, config, launch, store, log)
     with Client(store=store) as client:
+        started = time.monotonic()
         collect_runs = launch.once(lambda: _collect(config, tasks, client, log, store))
         summary["collect"] = collect_runs
+        summary["collect_seconds"] = round(time.monotonic() - started, 1)
         summary["credit"] = stage(
             "credit", lambda _run: _credit(config, tasks, images, client, collect_runs, store), everywhere=False
         )
         summary["sft"] = stage("sft", lambda run: _sft(config, student, work, collect_runs, run, store))
         policy = type(student)(summary["sft"]["output_dir"])
+        checkpoints = [("before", student)]
         if config.rl.enabled:
+            checkpoints.append(("sft", policy))
             summary["rl"] = stage("rl", lambda run: _rl(config, policy, tasks, images, client, work, run, store))
             policy = type(student)(summary["rl"]["output_dir"])
+        checkpoints.append(("after", policy))
         graded = collect_runs + ([f"{config.name}-rl"] if config.rl.enabled else [])
         summary["value"] = stage("value", lambda run: _value(config, student, work, graded, run, store))
         if config.eval.enabled and launch.is_main:  # the last stage: the other processes are done
@@ -99,8 +106,9 @@ def run_recipe(
                 store,
                 log,
                 "eval",
-                lambda _run: _eval(config, held_out or tasks, client, student, policy, value_dir, log, store),
+                lambda _run: _eval(config, held_out or tasks, client, checkpoints, value_dir, log, store),
             )
+            log(f"[report] {write_report(config, summary, tasks, work)}")
     launch.close()
     summary["policy"] = policy.path
     summary["main_process"] = launch.is_main
@@ -151,8 +159,9 @@ def _stage(
         return None
 
     def recorded(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        started = time.monotonic()
         try:
-            result = run()
+            result = run() | {"seconds": round(time.monotonic() - started, 1)}
         except BaseException as exc:
             if launch.is_main:
                 stopped = isinstance(exc, KeyboardInterrupt | SystemExit)  # Ctrl-C; SIGTERM (a launcher, kill)
@@ -291,6 +300,7 @@ def _rl(
         on_step=lambda step, values: record_metrics(run_id, step, values, store=store),
         run_id=run_id,
         store=store,
+        serve=config.student.serve,
     )
     history = result["bar"]
     if history:
@@ -315,14 +325,16 @@ def _eval(
     config: RecipeConfig,
     tasks,
     client,
-    student: Student,
-    policy: Student,
+    checkpoints: list[tuple[str, Student]],
     value_dir: str,
     log: Log,
     store: Store | None,
 ) -> dict[str, Any]:
-    """The student before training and the policy after, under every eval harness (one may have been
-    held out of training): the model x harness matrix; the policy's samples reranked."""
+    """Each checkpoint (the student before training, after SFT when RL follows, the policy after)
+    under every eval harness (one may have been held out of training): the model x harness matrix,
+    each rate with its 95% interval over tasks (`orchard.eval.intervals`), each stage's change
+    against the one before it, paired by task; the last one's samples reranked by the value model."""
+    from orchard.eval import intervals
     from orchard.eval.jobs import jobs, run_jobs
     from orchard.eval.rerank import rerank_run
 
@@ -334,38 +346,131 @@ def _eval(
     trained = set(config.collect.harnesses_for(tasks))
     if config.rl.enabled:
         trained |= set(config.rl.harnesses or kind.harnesses)
+    scheme = "llama" if config.student.serve == "llama.cpp" else "hf"
     matrix: dict[str, dict[str, float]] = {}
     passing: dict[str, dict[str, dict[str, float]]] = {}
+    rates: dict[str, dict[str, dict[str, Any]]] = {}
+    per_task: dict[str, dict[str, dict[str, float]]] = {}
     runs: dict[str, str] = {}
-    k = str(config.eval.samples)
-    for label, acting in (("before", student), ("after", policy)):
-        attempts = _attempts(config, config.eval, [f"hf:{acting.path}"], config.eval.samples)
+    drawn: dict[str, int] = {}
+    for label, acting in checkpoints:
+        last = label == checkpoints[-1][0]
+        samples = config.eval.samples if last else config.eval.earlier_samples or config.eval.samples
+        k = str(samples)
+        attempts = _attempts(config, config.eval, [f"{scheme}:{acting.path}"], samples)
         chosen, found = jobs(attempts, tasks=tasks, store=store)
-        ((_, result),) = run_jobs(
-            attempts, chosen, found, "eval", client, name=_named(f"{config.name} eval {label}"), store=store
-        )
+        try:
+            ((_, result),) = run_jobs(
+                attempts, chosen, found, "eval", client, name=_named(f"{config.name} eval {label}"), store=store
+            )
+        finally:
+            for job in found:
+                getattr(job.model, "close", lambda: None)()
         runs[label] = result.run_id
         rows = result.summary["harnesses"]
         matrix[label] = {h: r["resolve_rate"] for h, r in rows.items()}
+        drawn[label] = samples
         passing[label] = {h: {"pass@k": r["pass_at_k"][k], "pass^k": r["pass_hat_k"][k]} for h, r in rows.items()}
+        per_task[label] = {h: intervals.shares(r for r in result.results if r.harness == h) for h in rows}
+        rates[label] = {h: intervals.rate(shares) for h, shares in per_task[label].items()}
+    labels = [label for label, _ in checkpoints]
+    changes = {
+        f"{after} - {before}": {h: intervals.change(per_task[before][h], per_task[after][h]) for h in per_task[after]}
+        for before, after in itertools.pairwise(labels)
+    }
     scored = kind.metric == "score"  # a kind graded by scores is judged by pass@k and pass^k
-    for label, rates in matrix.items():
+    for label, by_harness in matrix.items():
         cells = ", ".join(
             f"{h}{'' if h in trained else ' (held out)'} {rate:.0%}"
+            f" [{rates[label][h]['low']:.0%}, {rates[label][h]['high']:.0%}]"
             + (
-                f" (pass@{k} {passing[label][h]['pass@k']:.0%}, pass^{k} {passing[label][h]['pass^k']:.0%})"
+                f" (pass@{drawn[label]} {passing[label][h]['pass@k']:.0%},"
+                f" pass^{drawn[label]} {passing[label][h]['pass^k']:.0%})"
                 if scored
                 else ""
             )
-            for h, rate in rates.items()
+            for h, rate in by_harness.items()
         )
         log(f"[eval] {label}: {cells}")
-    reranked = rerank_run(runs["after"], value_dir, store=store)
+    reranked = rerank_run(runs[labels[-1]], value_dir, store=store)
     return {
         "runs": runs,
         "matrix": matrix,
+        "intervals": rates,
+        "changes": changes,
         "pass": passing,
-        "held_out": sorted(set(matrix["after"]) - trained),
+        "samples": drawn,
+        "held_out": sorted(set(matrix[labels[-1]]) - trained),
         "tasks": {"held_out": bool(config.eval.tasks), "count": len(tasks), "ids": [t.instance_id for t in tasks]},
         "rerank": reranked,
     }
+
+
+def write_report(config: RecipeConfig, summary: dict[str, Any], trained: Sequence[Any], work: Path) -> Path:
+    """`report.json` (every number of the run, the tasks used) and `report.md` in `work`; the latter's path."""
+    evaluated = summary["eval"]
+    stages = ("credit", "sft", "rl", "value", "eval")
+    seconds = {"collect": summary.get("collect_seconds", 0.0)}
+    seconds |= {s: summary[s].get("seconds", 0.0) for s in stages if isinstance(summary.get(s), dict)}
+    cost = summary.get("rl", {}).get("bar_cost")
+    data = {
+        "name": config.name,
+        "student": summary["student"],
+        "serve": config.student.serve,
+        "tasks": {
+            "train": {"source": config.tasks, "ids": [t.instance_id for t in trained]},
+            "eval": {"source": config.eval.tasks or config.tasks, "held_out": evaluated["tasks"]["held_out"]}
+            | {"ids": evaluated["tasks"]["ids"]},
+        },
+        "eval": {key: evaluated[key] for key in ("matrix", "intervals", "changes", "rerank", "runs", "held_out")},
+        "settings": {"samples": config.eval.samples, "temperature": config.eval.temperature}
+        | {"episode_steps": config.eval.episode_steps, "max_tokens": config.eval.max_tokens},
+        "bar": cost,
+        "seconds": seconds | {"total": round(sum(seconds.values()), 1)},
+        "config": config.model_dump(mode="json"),
+    }
+    (work / "report.json").write_text(json.dumps(data, indent=2) + "\n")
+    n = evaluated["tasks"]["count"]
+    where = "held-out" if evaluated["tasks"]["held_out"] else "training (not held out)"
+    lines = [
+        f"# {config.name}: the student on {n} {where} tasks, before and after training",
+        "",
+        f"Student `{summary['student']}`, generating with {config.student.serve}. Trained on "
+        f"{len(trained)} tasks of `{config.tasks}`; evaluated on {n} tasks of `{config.eval.tasks or config.tasks}`, "
+        f"{config.eval.samples} sample(s) per task and harness at temperature {config.eval.temperature}, "
+        f"at most {config.eval.episode_steps} steps. Rates are per task (the mean of each task's share of "
+        "resolved samples) with 95% Wilson intervals over tasks; changes are paired by task.",
+        "",
+        "| checkpoint | harness | resolved | 95% interval | tasks |",
+        "|---|---|---:|---|---:|",
+    ]
+    for label, by_harness in evaluated["intervals"].items():
+        for harness, r in by_harness.items():
+            lines.append(f"| {label} | {harness} | {r['rate']:.1%} | {r['low']:.1%} to {r['high']:.1%} | {r['n']} |")
+    lines += ["", "| change | harness | mean | 95% interval | tasks |", "|---|---|---:|---|---:|"]
+    for label, by_harness in evaluated["changes"].items():
+        for harness, c in by_harness.items():
+            lines.append(
+                f"| {label} | {harness} | {c['change']:+.1%} | {c['low']:+.1%} to {c['high']:+.1%} | {c['n']} |"
+            )
+    lines += ["", f"The value model's pick among the {config.eval.samples} samples of each task (last checkpoint):", ""]
+    lines += ["| harness | one sample | reranked | oracle pass@k | tasks |", "|---|---:|---:|---:|---:|"]
+    for harness, r in evaluated["rerank"].items():
+        lines.append(
+            f"| {harness} | {r['one_sample']:.1%} | {r['reranked']:.1%} | {r['oracle_pass_at_n']:.1%} | {r['tasks']} |"
+        )
+    if cost:
+        measured, fixed = cost["rollouts_per_informative"], cost["fixed_rollouts_per_informative"]
+        lines += [
+            "",
+            f"BAR{' with memory' if config.rl.bar_memory else ''}: {cost['rollouts']:.0f} rollouts for "
+            f"{cost['groups']:.0f} groups, {cost['informative']:.0f} informative"
+            + (f", {measured:.2f} rollouts per informative group" if measured else "")
+            + f"; fixed groups of {config.rl.group_size} at the pass rates seen would spend "
+            + (f"{fixed:.2f}" if fixed else "every rollout for nothing")
+            + (f" ({cost['saving']:.2f}x as many)" if cost.get("saving") else ""),
+        ]
+    lines += ["", "Seconds: " + ", ".join(f"{stage} {value:.0f}" for stage, value in data["seconds"].items())]
+    path = work / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -27,12 +27,16 @@ from __future__ import annotations
 import functools
 import importlib.util
 import itertools
+import math
 import random
 import re
+import shutil
 import statistics
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from orchard.agents.loop import Limits, record_verdict, save_episode
@@ -41,12 +45,13 @@ from orchard.errors import ConfigError, OrchardError
 from orchard.eval.attempt import TaskPools, played
 from orchard.store import Store
 from orchard.train import lora_config, quiet, save_trained, shared_args
-from orchard.train.bar import PassRates, Rollout, balanced_rollout
+from orchard.train.bar import PassRates, Rollout, balanced_rollout, fixed_rollouts_per_informative
 from orchard.train.config import RLConfig
 from orchard.train.sft import assistant_spans
 from orchard.train.student import student_at
 
 if TYPE_CHECKING:
+    from orchard.agents.llamacpp import LlamaServer
     from orchard.agents.models import Model
     from orchard.env.client import Client
     from orchard.tasks.base import TaskBase
@@ -90,8 +95,14 @@ class SandboxRollouts:
         on_step: Callable[[int, dict[str, float]], object] | None = None,
         run_id: str | None = None,
         store: Store | None = None,
+        serve: str = "transformers",
+        scratch: str | None = None,
     ):
+        """`serve`: "llama.cpp" generates on llama-server, the policy exported to GGUF in `scratch`
+        before each step's rollouts (`orchard.agents.llamacpp`)."""
         self.client, self.images, self.settings, self.judge = client, images, settings, judge
+        self.serve, self.scratch = serve, scratch
+        self.llama: LlamaServer | None = None
         self.on_step = on_step
         self.run_id, self.store = run_id, store
         """With a run id, every rollout is stored as a graded trajectory of that run (for the value model)."""
@@ -103,6 +114,10 @@ class SandboxRollouts:
         self.history: list[dict[str, float]] = []
         self.memory = PassRates(settings.settle_after) if settings.bar_memory else None
         """What each task's rollouts did so far, across steps and epochs (BAR with memory)."""
+        self.seen = PassRates()
+        """Every rollout's outcome by task, memory or not: the pass rates fixed groups are costed at."""
+        self.groups: list[tuple[str, int, bool]] = []
+        """Each group formed: its task, the rollouts spent on it, whether it is informative."""
 
     @staticmethod
     def prompt_key(task: TaskBase) -> str:
@@ -116,13 +131,18 @@ class SandboxRollouts:
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
         model.eval()
+        generate: Callable[[list[int]], list[int]] | None = None
+        if self.settings.use_vllm:
+            generate = self._server(trainer)
+        elif self.serve == "llama.cpp":
+            generate = self._served(model, tokenizer)
         policy = TransformersModel(
             model=model,
             tokenizer=tokenizer,
             temperature=self.settings.temperature,
             max_new_tokens=self.settings.max_new_tokens,
             name="policy",
-            generate=self._server(trainer) if self.settings.use_vllm else None,
+            generate=generate,
         )
         out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "reward": []}
         stats = StepStats()
@@ -140,6 +160,8 @@ class SandboxRollouts:
                     memory=self.memory,
                     task=task.instance_id,
                 )
+                self.seen.record(task.instance_id, group.pool)
+                self.groups.append((task.instance_id, group.spent, group.informative))
                 stats.groups += 1
                 stats.informative += int(group.informative)
                 stats.settled += int(group.kind == "settled")
@@ -176,6 +198,48 @@ class SandboxRollouts:
             url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
             self.vllm = VLLMServer(url, self.settings.max_new_tokens, self.settings.temperature)
         return self.vllm
+
+    def _served(self, model: Any, tokenizer: Any) -> Callable[[list[int]], list[int]]:
+        """The policy as it is now, on a llama-server of its own (the last step's is closed)."""
+        import copy
+
+        from orchard.agents.llamacpp import LlamaServer, export_gguf
+
+        assert self.scratch is not None, "llama.cpp rollouts need a scratch folder"
+        if self.llama is not None:
+            self.llama.close()
+        if hasattr(model, "merge_and_unload"):  # LoRA adapters: merged into a copy, the trainer's stays
+            model = copy.deepcopy(model).merge_and_unload()
+        model.save_pretrained(self.scratch)
+        tokenizer.save_pretrained(self.scratch)
+        self.llama = server = LlamaServer(export_gguf(self.scratch), parallel=self.settings.parallel)
+        settings = self.settings
+        return lambda ids: server.generate(ids, max_tokens=settings.max_new_tokens, temperature=settings.temperature)
+
+    def cost(self) -> dict[str, float | None]:
+        """Rollouts BAR spent per informative group in this process, against what fixed groups of
+        `group_size` would have spent on the same tasks at the pass rates the run saw (smoothed
+        `PassRates.rate`, never 0 or 1: in fixed groups' favour)."""
+        spent = sum(s for _t, s, _i in self.groups)
+        informative = sum(i for _t, _s, i in self.groups)
+        rates = [self.seen.rate(t) or 0.5 for t, _s, _i in self.groups]
+        fixed = fixed_rollouts_per_informative(rates, self.settings.bar.group_size)
+        measured = spent / informative if informative else None  # None: no informative group at all
+        return {
+            "groups": float(len(self.groups)),
+            "rollouts": float(spent),
+            "informative": float(informative),
+            "rollouts_per_informative": measured,
+            "fixed_rollouts_per_informative": fixed if math.isfinite(fixed) else None,
+            "saving": fixed / measured if measured and math.isfinite(fixed) else None,
+        }
+
+    def close(self) -> None:
+        """Stop the servers rollouts generated on."""
+        if self.vllm is not None:
+            self.vllm.close()
+        if self.llama is not None:
+            self.llama.close()
 
     def _stride(self, task: TaskBase, policy: TransformersModel, count: int) -> list[Rollout]:
         """`count` rollouts at once: sandboxes and grading overlap, generation takes turns on the device."""
@@ -319,10 +383,11 @@ def train_rl(
     on_step: Callable[[int, dict[str, float]], object] | None = None,
     run_id: str | None = None,
     store: Store | None = None,
+    serve: str = "transformers",
 ) -> dict[str, Any]:
     """GRPO with BAR-assembled groups for `config.max_steps` steps, TRL's arguments taken from `config`;
-    the policy goes to `output_dir`.
-    With `run_id`, every rollout is stored as a graded trajectory of that run."""
+    the policy goes to `output_dir`. With `run_id`, every rollout is stored as a graded trajectory of
+    that run. `serve`: where the rollouts generate (`SandboxRollouts`)."""
     import os
 
     from datasets import Dataset
@@ -339,7 +404,13 @@ def train_rl(
             "trl vllm-serve --model STUDENT before training"
         )
     group = config.bar.group_size
-    rollouts = SandboxRollouts(tasks, images, client, config, judge, on_step, run_id, store)
+    scratch = None
+    if serve == "llama.cpp":  # this process's policy, exported for llama-server each step
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix=".rollout-policy-", dir=output_dir)
+    rollouts = SandboxRollouts(
+        tasks, images, client, config, judge, on_step, run_id, store, serve=serve, scratch=scratch
+    )
     dataset = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": SandboxRollouts.prompt_key(t)}]} for t in tasks]
     )
@@ -380,8 +451,9 @@ def train_rl(
         with pools.warm(((t, images[t.instance_id]) for t in tasks), counted=False):
             quiet(trainer).train()
     finally:
-        if rollouts.vllm is not None:
-            rollouts.vllm.close()
+        rollouts.close()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     save_trained(trainer, output_dir)
     if trainer.accelerator.is_main_process:
         student.save_beside(output_dir)
@@ -390,5 +462,6 @@ def train_rl(
         "steps": trainer.state.global_step,
         "losses": [e["loss"] for e in logged],
         "bar": rollouts.history,
+        "bar_cost": rollouts.cost(),
         "output_dir": output_dir,
     }

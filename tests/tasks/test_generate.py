@@ -146,3 +146,55 @@ def test_the_grader_resolves_gold_patches_and_not_an_empty_one_or_a_comment(gene
     grade = grade_patch(client, task, comment, image)
     assert grade.outcome == "unresolved" and grade.fail_to_pass["failure"] == task.fail_to_pass
     assert grade.pass_to_pass["success"] == task.pass_to_pass
+
+
+def _fixed_by(commands: list[str], repo: Path, copy: Path) -> str:
+    """The files of `repo` after running `commands` in a copy of it, as `git diff` shows them."""
+    subprocess.run(["cp", "-a", f"{repo}/.", str(copy)], check=True)
+    for command in commands:
+        subprocess.run(["bash", "-c", command], cwd=copy, check=True, capture_output=True)
+    return subprocess.run(["git", "diff"], cwd=copy, check=True, capture_output=True, text=True).stdout
+
+
+def test_scripted_sed_makes_exactly_the_gold_fix_of_every_task(generated, tmp_path: Path):
+    """`scripted:sed` (the teacher of the learning run) edits lines by number; the result is the
+    gold patch's, byte for byte, on every generated task, and a listing comes before each edit."""
+    from orchard.recipes.swe.task import SWETask, sed_script
+
+    dest, rows = generated
+    for row in rows["train"] + rows["held-out"]:
+        task = SWETask.model_validate(row)
+        steps = sed_script(task)
+        assert [s.kind for s in steps] == ["bash", "bash", "submit"] and steps[0].command.startswith("cat -n ")
+        repo = dest / row["instance_id"]
+        edits = [s.command for s in steps if s.kind == "bash" and s.command.startswith("sed ")]
+        gold = _fixed_by([f"git apply <<'EOF'\n{row['patch']}EOF"], repo, tmp_path / f"{row['instance_id']}-gold")
+        assert _fixed_by(edits, repo, tmp_path / row["instance_id"]) == gold, row["instance_id"]
+
+
+def test_scripted_sed_covers_insertions_deletions_several_hunks_and_files(tmp_path: Path):
+    from orchard.recipes.swe.task import SWETask, sed_script
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.py").write_text("".join(f"line {i}\n" for i in range(1, 21)))
+    (repo / "b.py").write_text("x = 'one'\ny = 2\n")
+    subprocess.run(
+        "git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm base",
+        shell=True,
+        cwd=repo,
+        check=True,
+    )
+    (repo / "a.py").write_text(
+        "head\n" + "".join(f"line {i}\n" for i in range(1, 21) if i not in (5, 6)).replace("line 15", "fifteen\\n")
+    )
+    (repo / "b.py").write_text("x = 'two'\ny = 2\nz = 3\n")
+    patch = subprocess.run(["git", "diff"], cwd=repo, check=True, capture_output=True, text=True).stdout
+    subprocess.run(["git", "checkout", "-q", "--", "."], cwd=repo, check=True)
+    task = SWETask(
+        instance_id="o__r-1", repo="o/r", base_commit="0" * 40, problem_statement="p", patch=patch, FAIL_TO_PASS=["t"]
+    )
+    steps = sed_script(task)
+    assert [s.command.split()[-1] for s in steps if s.kind == "bash"] == ["a.py", "a.py", "b.py", "b.py"]
+    edits = [s.command for s in steps if s.kind == "bash" and s.command.startswith("sed ")]
+    assert _fixed_by(edits, repo, tmp_path / "copy") == patch

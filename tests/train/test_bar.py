@@ -157,3 +157,11 @@ def test_memory_spends_fewer_rollouts_per_informative_group_on_hand_made_histori
     without, with_memory = spent_per_informative(None), spent_per_informative(PassRates())
     assert without == 16 * 3 * 10 / 10  # every group a stride; only the even task's are informative
     assert with_memory * 1.3 <= without
+
+
+def test_fixed_groups_cost_group_size_over_the_chance_of_a_mixed_group():
+    from orchard.train.bar import fixed_rollouts_per_informative
+
+    assert fixed_rollouts_per_informative([0.5], 4) == pytest.approx(4 / (1 - 2 / 16))
+    assert fixed_rollouts_per_informative([0.5, 0.0], 4) == pytest.approx(8 / (1 - 2 / 16))  # the 0 costs 4 for nothing
+    assert fixed_rollouts_per_informative([0.0, 1.0], 8) == float("inf")  # never a mixed group

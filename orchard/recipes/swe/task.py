@@ -251,6 +251,8 @@ class SWETask(TaskBase):
             return gold_script(self)
         if name == "regress":
             return regressing_script(self)
+        if name == "sed":
+            return sed_script(self)
         return super().script(name)
 
 
@@ -298,6 +300,69 @@ def gold_script(task: SWETask) -> list[Step]:
         Step("bash", command="git diff --stat", thought="Checking what changed."),
         Step("submit", thought="The fix is in place."),
     ]
+
+
+def sed_script(task: SWETask) -> list[Step]:
+    """The gold fix as a small model can learn to write it: read each changed file with line numbers,
+    say which line is wrong (copied from the listing), change it with one `sed` line edit per
+    changed stretch (`N,Mc\\`, `N,Md`, `Na\\`, `1i\\`: no patterns, line numbers read off the
+    listing), submit. Files a patch adds or deletes are no line edits: such a task wants
+    `scripted:gold`."""
+    steps = []
+    for path, edits in _line_edits(task.patch):
+        name = shlex.quote(path)
+        steps.append(Step("bash", command=f"cat -n {name}", thought=f"The issue points at {path}; reading it."))
+        script = " ".join(f"-e {shlex.quote(edit)}" for edit, _ in edits)
+        wrong = "; ".join(note for _, note in edits)
+        steps.append(Step("bash", command=f"sed -i {script} {name}", thought=f"In {path}, {wrong}."))
+    return [*steps, Step("submit", thought="The fix is in place.")]
+
+
+def _line_edits(patch: str) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Per file a patch changes: sed line edits (numbered by the old file) doing its changes, each
+    with a note naming the line it is about."""
+    files: list[tuple[str, list[tuple[str, str]]]] = []
+    old, header, before = 0, True, ""
+    removed: list[tuple[int, str]] = []
+    added: list[str] = []
+
+    def flush() -> None:
+        if removed or added:
+            text = "\\n".join(line.replace("\\", "\\\\") for line in added)
+            first, last = removed[0][0] if removed else 0, removed[-1][0] if removed else 0
+            span = f"{first},{last}" if last > first else f"{first}"
+            if removed:
+                edit = f"{span}c\\{text}" if added else f"{span}d"
+                note = f"line {first} `{removed[0][1].strip()}` is wrong"
+            else:  # lines added after line `old`; before the first line: `1i`
+                edit = f"{old}a\\{text}" if old else f"1i\\{text}"
+                note = f"something is missing after line {old} `{before.strip()}`" if old else "the start is missing"
+            files[-1][1].append((edit, note))
+        removed.clear()
+        added.clear()
+
+    for line in patch.splitlines():
+        if line.startswith("diff --git "):
+            flush()
+            files.append((line.split(" b/", 1)[1], []))
+            header = True
+        elif line.startswith("@@"):
+            flush()
+            old, header = int(line.split()[1].lstrip("-").split(",")[0]) - 1, False
+        elif header:
+            continue
+        elif line.startswith("-"):
+            if added and not removed:
+                flush()
+            old += 1
+            removed.append((old, line[1:]))
+        elif line.startswith("+"):
+            added.append(line[1:])
+        elif not line.startswith("\\"):  # context ("\\ No newline at end of file" is none)
+            flush()
+            old, before = old + 1, line[1:]
+    flush()
+    return files
 
 
 def regressing_script(task: SWETask) -> list[Step]:
