@@ -96,26 +96,40 @@ def test_a_perfect_solver_fits_every_episode_limit_of_every_example(orchard_home
     (its first teacher's script: every step of it a turn) finishes every task of the stage, so a
     stage's rates can move: an eval capped below the solution's length reads 0% whatever the
     model. That the scripts resolve their tasks is what each recipe's collect tests show."""
+    for found in recipes().values():
+        assert found.example is not None
+        _solver_fits(ROOT / "examples" / found.example.config)
+
+
+def test_the_learning_runs_teacher_fits_its_episode_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """swe-smollm.yaml on tasks generated as bench/learning.py makes them (fewer of them)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("ORCHARD_CACHE_DIR", str(tmp_path))
+    generate = [sys.executable, str(ROOT / "examples/tasks/generate.py"), str(tmp_path / "learning-tasks")]
+    subprocess.run([*generate, "--train", "12", "--held-out", "6"], check=True, capture_output=True)
+    _solver_fits(ROOT / "examples/configs/swe-smollm.yaml")
+
+
+def _solver_fits(path: Path) -> None:
     import yaml
 
     from orchard.configfile import validated
     from orchard.tasks import load_tasks
     from orchard.train.config import RecipeConfig
 
-    for found in recipes().values():
-        assert found.example is not None
-        path = ROOT / "examples" / found.example.config
-        data = yaml.safe_load(path.read_text()) | {"repos": None}
-        config = validated(RecipeConfig, data, base=path.parent)
-        script = config.collect.teachers[0].removeprefix("scripted:")
-        trained = load_tasks(config.tasks, ids=config.ids)
-        held_out = load_tasks(config.eval.tasks, ids=config.eval.ids) if config.eval.tasks else trained
-        stages = {"collect": (config.collect.episode_steps, trained), "eval": (config.eval.episode_steps, held_out)}
-        if config.rl.enabled:
-            stages["rl"] = (config.rl.episode_steps, trained[: config.rl.tasks] if config.rl.tasks else trained)
-        for stage, (limit, tasks) in stages.items():
-            longest = max(tasks, key=lambda t: len(t.script(script)))
-            assert len(longest.script(script)) <= limit, (
-                f"{found.example.config}: {stage}.episode_steps {limit} cuts {longest.instance_id}'s "
-                f"{script} solution of {len(longest.script(script))} steps"
-            )
+    data = yaml.safe_load(path.read_text()) | {"repos": None}
+    config = validated(RecipeConfig, data, base=path.parent)
+    script = config.collect.teachers[0].removeprefix("scripted:")
+    trained = load_tasks(config.tasks, ids=config.ids)
+    held_out = load_tasks(config.eval.tasks, ids=config.eval.ids) if config.eval.tasks else trained
+    stages = {"collect": (config.collect.episode_steps, trained), "eval": (config.eval.episode_steps, held_out)}
+    if config.rl.enabled:
+        stages["rl"] = (config.rl.episode_steps, trained[: config.rl.tasks] if config.rl.tasks else trained)
+    for stage, (limit, tasks) in stages.items():
+        longest = max(tasks, key=lambda t: len(t.script(script)))
+        assert len(longest.script(script)) <= limit, (
+            f"{path.name}: {stage}.episode_steps {limit} cuts {longest.instance_id}'s "
+            f"{script} solution of {len(longest.script(script))} steps"
+        )

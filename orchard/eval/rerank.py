@@ -37,7 +37,8 @@ def encode(tokenizer: Any, text: str, max_length: int) -> list[int]:
 class ValueModel:
     """A trained value model: `score` trajectories (higher: more likely resolved)."""
 
-    def __init__(self, path: str | Path, max_length: int = 2048):
+    def __init__(self, path: str | Path, max_length: int | None = None):
+        """`max_length`: tokens a trajectory is cut to (default: what the model was trained on)."""
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         folder = Path(path)
@@ -46,7 +47,7 @@ class ValueModel:
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.model = AutoModelForSequenceClassification.from_pretrained(folder)
         self.model.eval()
-        self.max_length = max_length
+        self.max_length = max_length or getattr(self.model.config, "value_max_length", 2048)
 
     def score(self, records: Sequence[TrajectoryRecord]) -> list[float]:
         import torch

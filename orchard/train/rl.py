@@ -218,11 +218,12 @@ class SandboxRollouts:
 
     def cost(self) -> dict[str, float | None]:
         """Rollouts BAR spent per informative group in this process, against what fixed groups of
-        `group_size` would have spent on the same tasks at the pass rates the run saw (smoothed
-        `PassRates.rate`, never 0 or 1: in fixed groups' favour)."""
+        `group_size` would have spent on the same tasks at the pass rates the run saw (each task's
+        share of successes over all its rollouts)."""
         spent = sum(s for _t, s, _i in self.groups)
         informative = sum(i for _t, _s, i in self.groups)
-        rates = [self.seen.rate(t) or 0.5 for t, _s, _i in self.groups]
+        outcomes = self.seen.outcomes
+        rates = [sum(outcomes[t]) / len(outcomes[t]) for t, _s, _i in self.groups]
         fixed = fixed_rollouts_per_informative(rates, self.settings.bar.group_size)
         measured = spent / informative if informative else None  # None: no informative group at all
         return {

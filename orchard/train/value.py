@@ -94,6 +94,7 @@ def train_value(
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForSequenceClassification.from_pretrained(base_model, num_labels=1)
     model.config.pad_token_id = tokenizer.pad_token_id
+    model.config.value_max_length = config.max_length  # saved with it: scoring reads trajectories the same way
     rows = [
         {
             "input_ids": encode(tokenizer, trajectory_text(tokenizer, t), config.max_length),

@@ -159,13 +159,13 @@ def _fixed_by(commands: list[str], repo: Path, copy: Path) -> str:
 def test_scripted_sed_makes_exactly_the_gold_fix_of_every_task(generated, tmp_path: Path):
     """`scripted:sed` (the teacher of the learning run) edits lines by number; the result is the
     gold patch's, byte for byte, on every generated task, and a listing comes before each edit."""
-    from orchard.recipes.swe.task import SWETask, sed_script
+    from orchard.recipes.swe.task import LISTING, SWETask, sed_script
 
     dest, rows = generated
     for row in rows["train"] + rows["held-out"]:
         task = SWETask.model_validate(row)
         steps = sed_script(task)
-        assert [s.kind for s in steps] == ["bash", "bash", "submit"] and steps[0].command.startswith("cat -n ")
+        assert [s.kind for s in steps] == ["bash", "bash", "submit"] and steps[0].command.startswith(LISTING)
         repo = dest / row["instance_id"]
         edits = [s.command for s in steps if s.kind == "bash" and s.command.startswith("sed ")]
         gold = _fixed_by([f"git apply <<'EOF'\n{row['patch']}EOF"], repo, tmp_path / f"{row['instance_id']}-gold")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from orchard.agents.base import Reply
 from orchard.train.config import RLConfig
 from orchard.train.rl import train_rl
@@ -55,3 +57,46 @@ def test_one_grpo_step_on_bar_groups_of_sandboxed_episodes(client, example_task,
     assert -1.0 <= step["reward_mean"] <= -0.5 and judge.calls == 4
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "rl").state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.model
+def test_rollouts_generate_on_llama_server_with_each_steps_policy(
+    client, example_task, tiny_llama, tmp_path, monkeypatch
+):
+    """Slow: `serve="llama.cpp"` exports the policy before each step's rollouts and serves it; every
+    server stops and the exported copy goes when training ends."""
+    import shutil
+
+    from orchard.agents import llamacpp
+
+    started: list[llamacpp.LlamaServer] = []
+    real_init = llamacpp.LlamaServer.__init__
+
+    def counted(self, gguf, **options):
+        real_init(self, gguf, **options)
+        started.append(self)
+
+    monkeypatch.setattr(llamacpp.LlamaServer, "__init__", counted)
+    task, image = example_task("orchard-examples__textkit-1")
+    base = tmp_path / "policy"
+    shutil.copytree(tiny_llama, base, ignore=shutil.ignore_patterns("*.gguf"))
+    settings = RLConfig(
+        group_size=2,
+        max_rollouts=2,
+        stride=2,
+        harnesses=["bash"],
+        max_steps=2,
+        episode_steps=2,
+        max_new_tokens=8,
+        max_completion_length=4096,
+        judge_weight=0.5,
+        learning_rate=1e-2,
+    )
+    out = tmp_path / "rl"
+    result = train_rl(
+        str(base), [task], {task.instance_id: image}, client, str(out), settings, judge=Judge(), serve="llama.cpp"
+    )
+    assert result["steps"] == 2 and [step["rollouts_per_group"] for step in result["bar"]] == [2, 2]
+    assert len(started) == 2 and all(server.process.poll() is not None for server in started)  # one a step, all closed
+    assert not list(out.glob(".rollout-policy-*"))  # the exported copy is gone
+    assert result["bar_cost"]["groups"] == 2 and result["bar_cost"]["rollouts"] == 4

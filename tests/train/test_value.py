@@ -41,9 +41,11 @@ def test_a_value_model_separates_resolved_from_unresolved(tmp_path: Path):
 
     base = build_tiny_model(tmp_path / "tiny")
     train = [record(i, i % 2 == 0) for i in range(8)]
-    result = train_value(base, train, tmp_path / "value", ValueConfig(max_steps=40, learning_rate=3e-3, batch_size=4))
+    config = ValueConfig(max_steps=40, learning_rate=3e-3, batch_size=4, max_length=512)
+    result = train_value(base, train, tmp_path / "value", config)
     assert result["steps"] == 40 and result["losses"][-1] < result["losses"][0]
     model = ValueModel(tmp_path / "value")
+    assert model.max_length == 512  # scored as it was trained: the same end of each trajectory
     good, bad = model.score([record(100, True), record(101, False)])
     assert good > bad
     with pytest.raises(Exception, match="resolved and unresolved"):

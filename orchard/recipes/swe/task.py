@@ -303,19 +303,23 @@ def gold_script(task: SWETask) -> list[Step]:
 
 
 def sed_script(task: SWETask) -> list[Step]:
-    """The gold fix as a small model can learn to write it: read each changed file with line numbers,
-    say which line is wrong (copied from the listing), change it with one `sed` line edit per
-    changed stretch (`N,Mc\\`, `N,Md`, `Na\\`, `1i\\`: no patterns, line numbers read off the
-    listing), submit. Files a patch adds or deletes are no line edits: such a task wants
-    `scripted:gold`."""
+    """The gold fix as a small model can learn to write it: list each changed file with every
+    line's number after it (`LISTING`), say which line is wrong, copying its text and then its
+    number (read forward, as a model copies best), change it with one `sed` line edit per changed
+    stretch (`N,Mc\\`, `N,Md`, `Na\\`, `1i\\`: no patterns to escape), submit. Files a patch adds
+    or deletes are no line edits: such a task wants `scripted:gold`."""
     steps = []
     for path, edits in _line_edits(task.patch):
         name = shlex.quote(path)
-        steps.append(Step("bash", command=f"cat -n {name}", thought=f"The issue points at {path}; reading it."))
+        steps.append(Step("bash", command=f"{LISTING} {name}", thought=f"The issue points at {path}; reading it."))
         script = " ".join(f"-e {shlex.quote(edit)}" for edit, _ in edits)
         wrong = "; ".join(note for _, note in edits)
         steps.append(Step("bash", command=f"sed -i {script} {name}", thought=f"In {path}, {wrong}."))
     return [*steps, Step("submit", thought="The fix is in place.")]
+
+
+LISTING = """awk '{print $0 "  # " NR}'"""
+"""A file's lines, each with its number after it."""
 
 
 def _line_edits(patch: str) -> list[tuple[str, list[tuple[str, str]]]]:
@@ -333,10 +337,10 @@ def _line_edits(patch: str) -> list[tuple[str, list[tuple[str, str]]]]:
             span = f"{first},{last}" if last > first else f"{first}"
             if removed:
                 edit = f"{span}c\\{text}" if added else f"{span}d"
-                note = f"line {first} `{removed[0][1].strip()}` is wrong"
+                note = f"`{removed[0][1].strip()}` (line {first}) is wrong"
             else:  # lines added after line `old`; before the first line: `1i`
                 edit = f"{old}a\\{text}" if old else f"1i\\{text}"
-                note = f"something is missing after line {old} `{before.strip()}`" if old else "the start is missing"
+                note = f"something is missing after `{before.strip()}` (line {old})" if old else "the start is missing"
             files[-1][1].append((edit, note))
         removed.clear()
         added.clear()
