@@ -47,7 +47,8 @@ class ValueModel:
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.model = AutoModelForSequenceClassification.from_pretrained(folder)
         self.model.eval()
-        self.max_length: int = max_length or getattr(self.model.config, "value_max_length", 2048)
+        trained: Any = getattr(self.model.config, "value_max_length", None)
+        self.max_length = max_length or int(trained or 2048)
 
     def score(self, records: Sequence[TrajectoryRecord]) -> list[float]:
         import torch

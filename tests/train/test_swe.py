@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -64,9 +65,9 @@ def test_the_whole_recipe_then_a_rerun_that_skips_every_stage(orchard_home, base
     with session() as db:
         stage = db.get(RunRecord, "swe-tiny-eval")
     evaluated = json.loads(stage.summary)
-    assert set(evaluated["matrix"]) == {"before", "after"} and evaluated["held_out"] == ["cli"]
+    assert set(evaluated["matrix"]) == {"before", "sft", "after"} and evaluated["held_out"] == ["cli"]
     assert set(evaluated["matrix"]["after"]) == {"bash", "cli"} and set(evaluated["rerank"]) <= {"bash", "cli"}
-    assert "[eval] before: bash 0%, cli (held out) 0%" in result.stderr
+    assert re.search(r"\[eval\] before: bash 0% \[0%, \d+%\], cli \(held out\) 0% \[0%, \d+%\]", result.stderr)
 
     again = runner.invoke(app, ["train", "swe", "--config", str(path)])
     assert again.exit_code == 0, again.output
