@@ -195,6 +195,7 @@ class LlamaServer:
             raise ModelServerError(f"llama-server at {self.url}: {exc}") from None
 
     def close(self) -> None:
+        atexit.unregister(self.close)  # an RL run starts one a step: none is kept alive until exit
         if self.process.poll() is None:
             self.process.terminate()
             try:
