@@ -209,9 +209,11 @@ def _show(config: EvalConfig | CollectRunConfig, kind: str) -> None:
             if rerank is not None and getattr(config, "predictions", None) is None:
                 from orchard.eval.rerank import rerank_run
 
-                for each, figures in rerank_run(result.run_id, rerank).items():
+                empty_fails = bool(tasks) and type(tasks[0]).empty_submission_fails
+                for each, figures in rerank_run(result.run_id, rerank, empty_fails=empty_fails).items():
+                    rule = f", non-empty {figures['non_empty']:.1%}" if "non_empty" in figures else ""
                     typer.echo(
-                        f"rerank {each}: one sample {figures['one_sample']:.1%}, value-model pick "
+                        f"rerank {each}: one sample {figures['one_sample']:.1%}{rule}, value-model pick "
                         f"{figures['reranked']:.1%}, oracle pass@{job.samples} {figures['oracle_pass_at_n']:.1%}"
                     )
             typer.echo(f"report: {result.folder / 'report.md'} (SWE-bench JSON: {result.folder / 'report.json'})")

@@ -2,6 +2,11 @@
 samples, and the best-scored one is submitted. Per harness: the one-sample resolve rate, the value
 model's pick among the n samples of each task, and the oracle pass@n.
 
+Where an empty submission always fails (`TaskBase.empty_submission_fails`: SWE, whose empty diff
+fixes nothing), the value model picks among the samples that submitted something, as SWE-bench
+rerankers do; `non_empty` is then what that rule alone gives (a sample drawn from those), so the
+value model's own share of a gain stays visible.
+
 A trajectory is shown to the value model as its chat rendering with the final submission appended
 (`trajectory_text`), cut from the left (`encode`): training (`orchard.train.value`) and scoring
 read trajectories the same way.
@@ -45,45 +50,51 @@ class ValueModel:
         if not (folder / "config.json").is_file():
             raise ConfigError(f"no value model at {path} (train one with `orchard train value`)")
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        if self.tokenizer.pad_token is None:  # batches are padded (the model reads each one's last real token)
+            self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForSequenceClassification.from_pretrained(folder)
         self.model.eval()
         trained: Any = getattr(self.model.config, "value_max_length", None)
         self.max_length = max_length or int(trained or 2048)
 
     def score(self, records: Sequence[TrajectoryRecord]) -> list[float]:
+        """The records' scores, from one batch (the model reads each one's last token, not the padding)."""
         import torch
 
-        scores = []
+        if not records:
+            return []
+        ids = [encode(self.tokenizer, trajectory_text(self.tokenizer, r), self.max_length) for r in records]
+        batch = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt")
         with torch.no_grad():
-            for record in records:
-                ids = encode(self.tokenizer, trajectory_text(self.tokenizer, record), self.max_length)
-                logits = self.model(input_ids=torch.tensor([ids])).logits
-                scores.append(float(logits[0, 0]))
-        return scores
+            return [float(x) for x in self.model(**batch).logits[:, 0]]
 
 
-def rerank(candidates: dict[str, list[TrajectoryRecord]], model: ValueModel) -> dict[str, Any]:
-    """For each task's candidates: the one-sample rate, the value model's pick, and the oracle pass@n."""
-    single = picked = oracle = 0.0
+def rerank(
+    candidates: dict[str, list[TrajectoryRecord]], model: ValueModel, *, empty_fails: bool = False
+) -> dict[str, Any]:
+    """For each task's candidates: the one-sample rate, the value model's pick, and the oracle pass@n;
+    with `empty_fails`, the pick is among the candidates that submitted something (all of them when
+    none did), and `non_empty` is the one-sample rate among those."""
+    single = picked = oracle = kept = 0.0
     picks: dict[str, str] = {}
     for instance_id, records in candidates.items():
-        scores = model.score(records)
-        best = max(range(len(records)), key=lambda i: scores[i])
-        picks[instance_id] = records[best].id
+        shortlist = [r for r in records if r.patch.strip()] if empty_fails else records
+        shortlist = shortlist or records
+        scores = model.score(shortlist)
+        best = shortlist[max(range(len(shortlist)), key=lambda i: scores[i])]
+        picks[instance_id] = best.id
         single += sum(bool(r.resolved) for r in records) / len(records)
-        picked += bool(records[best].resolved)
+        kept += sum(bool(r.resolved) for r in shortlist) / len(shortlist)
+        picked += bool(best.resolved)
         oracle += any(r.resolved for r in records)
     n = max(1, len(candidates))
-    return {
-        "tasks": len(candidates),
-        "one_sample": single / n,
-        "reranked": picked / n,
-        "oracle_pass_at_n": oracle / n,
-        "picks": picks,
-    }
+    figures = {"tasks": len(candidates), "one_sample": single / n, "reranked": picked / n}
+    return figures | ({"non_empty": kept / n} if empty_fails else {}) | {"oracle_pass_at_n": oracle / n, "picks": picks}
 
 
-def rerank_run(run_id: str, value_model: str | Path, *, store: Store | None = None) -> dict[str, Any]:
+def rerank_run(
+    run_id: str, value_model: str | Path, *, empty_fails: bool = False, store: Store | None = None
+) -> dict[str, Any]:
     """Per harness of an evaluation run: `rerank` of each task's graded samples."""
     with session(store) as db:
         query = select(TrajectoryRecord).where(
@@ -95,6 +106,6 @@ def rerank_run(run_id: str, value_model: str | Path, *, store: Store | None = No
     for record in records:
         by_harness.setdefault(record.harness, {}).setdefault(record.instance_id, []).append(record)
     return {
-        harness: {k: v for k, v in rerank(tasks, model).items() if k != "picks"}
+        harness: {k: v for k, v in rerank(tasks, model, empty_fails=empty_fails).items() if k != "picks"}
         for harness, tasks in by_harness.items()
     }

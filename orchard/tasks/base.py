@@ -134,6 +134,9 @@ class TaskBase(BaseModel):
     """The harnesses its tasks are worked through when a run names none."""
     submission_file: ClassVar[str] = "submission.txt"
     """The file an attempt's submission is written to in its run's folder (`orchard.eval.report`)."""
+    empty_submission_fails: ClassVar[bool] = False
+    """Whether an empty submission is graded a failure whatever the task (SWE: an empty diff fixes
+    nothing): reranking never picks one over a sample that submitted something."""
     vision: ClassVar[bool] = False
     """Whether its agents see images (a browser's screenshots): a recipe's student is then a
     vision-language model."""

@@ -15,7 +15,10 @@ epochs sizes its next group: a task whose last `settle_after` rollouts or more a
 policy always solves it, or never does) gets one probe rollout, and when the probe agrees too its
 group is that rollout N times (uninformative, as any group of it would be: GRPO's advantages are
 all zero); one that disagrees is rolled out as usual. Any other task's first stride is the number
-of rollouts likely to hold a balanced group at its estimated pass rate, not a fixed `stride`.
+of rollouts likely to hold a balanced group at its estimated pass rate, not a fixed `stride`. And
+a task settles within a step too: once its newest `settle_after` rollouts agree and no balanced
+group has formed, no more are generated for it (the group is the fallback's), where the paper
+would spend the rest of `max_rollouts` looking for the one rollout that differs.
 """
 
 from __future__ import annotations
@@ -132,14 +135,15 @@ class PassRates:
         return newest[0]
 
     def first_stride(self, task: str, config: BARConfig) -> int:
-        """Rollouts to generate first: at the estimated rate, enough to expect the band's middle
-        count of successes and of failures (at least `group_size`, at most `max_rollouts`); the
-        config's `stride` for a task never seen."""
+        """Rollouts to generate first: at the estimated rate, enough to expect the fewest successes
+        and the fewest failures a balanced group holds (at least `group_size`, at most
+        `max_rollouts`); the config's `stride` for a task never seen."""
         p = self.rate(task)
         if p is None:
             return config.stride
-        wins = config.positive_counts()[0]
-        needed = math.ceil(max(wins / p, (config.group_size - wins) / (1 - p)) - 1e-9)
+        counts = config.positive_counts()
+        wins, losses = min(counts), config.group_size - max(counts)
+        needed = math.ceil(max(wins / p, losses / (1 - p)) - 1e-9)
         return max(config.group_size, min(needed, config.max_rollouts))
 
 
@@ -175,6 +179,8 @@ def balanced_rollout(
         group = assemble(pool, config)
         if group is not None:
             return group
+        if memory is not None and len(pool) >= config.group_size and memory.settled(task) is not None:
+            break  # settled within this step: more rollouts would most likely agree too
     if len(pool) < config.group_size:
         raise ValueError(f"only {len(pool)} rollouts were generated; a group needs {config.group_size}")
     return fallback(pool, config)

@@ -232,7 +232,9 @@ def demo(
     for harness, figures in evaluated["rerank"].items():
         table.add_row(
             f"rerank {harness}",
-            f"one sample {figures['one_sample']:.0%}, value pick {figures['reranked']:.0%}, oracle {figures['oracle_pass_at_n']:.0%}",
+            f"one sample {figures['one_sample']:.0%}"
+            + (f", non-empty {figures['non_empty']:.0%}" if "non_empty" in figures else "")
+            + f", value pick {figures['reranked']:.0%}, oracle {figures['oracle_pass_at_n']:.0%}",
         )
     Console().print(table)
     typer.echo(

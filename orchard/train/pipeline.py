@@ -392,7 +392,7 @@ def _eval(
             for h, rate in by_harness.items()
         )
         log(f"[eval] {label}: {cells}")
-    reranked = rerank_run(runs[labels[-1]], value_dir, store=store)
+    reranked = rerank_run(runs[labels[-1]], value_dir, empty_fails=kind.empty_submission_fails, store=store)
     return {
         "runs": runs,
         "matrix": matrix,
@@ -453,11 +453,20 @@ def write_report(config: RecipeConfig, summary: dict[str, Any], trained: Sequenc
             lines.append(
                 f"| {label} | {harness} | {c['change']:+.1%} | {c['low']:+.1%} to {c['high']:+.1%} | {c['n']} |"
             )
-    lines += ["", f"The value model's pick among the {config.eval.samples} samples of each task (last checkpoint):", ""]
-    lines += ["| harness | one sample | reranked | oracle pass@k | tasks |", "|---|---:|---:|---:|---:|"]
+    lines += ["", f"The value model's pick among the {config.eval.samples} samples of each task (last checkpoint)"]
+    lines += [
+        "(never an empty submission where one always fails; `non-empty`: a sample drawn from the rest):"
+        if any("non_empty" in r for r in evaluated["rerank"].values())
+        else "",
+        "",
+        "| harness | one sample | non-empty | reranked | oracle pass@k | tasks |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for harness, r in evaluated["rerank"].items():
+        rule = f"{r['non_empty']:.1%}" if "non_empty" in r else "-"
         lines.append(
-            f"| {harness} | {r['one_sample']:.1%} | {r['reranked']:.1%} | {r['oracle_pass_at_n']:.1%} | {r['tasks']} |"
+            f"| {harness} | {r['one_sample']:.1%} | {rule} | {r['reranked']:.1%} | {r['oracle_pass_at_n']:.1%}"
+            f" | {r['tasks']} |"
         )
     if cost:
         measured, fixed = cost["rollouts_per_informative"], cost["fixed_rollouts_per_informative"]

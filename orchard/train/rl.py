@@ -6,10 +6,11 @@ per rollout from `harnesses`, in a fresh sandbox of the task's image), graded by
 BAR (`orchard.train.bar`) decides how many to run and which `group_size` of them form the task's
 GRPO group. Each rollout is handed to TRL as prompt tokens (system + task, rendered with the
 harness's tools), completion tokens (every later turn: the policy's replies and the observations),
-`env_mask` (1 on the policy's own tokens only, so observations never carry loss) and the
-log-probabilities of the policy that generated it. These come from one forward pass of the
-trainer's model over the finished conversation, re-tokenized, also when a vLLM server generated
-it; so TRL's vLLM importance-sampling correction is off (its ratio would be 1). Tasks may be of
+`env_mask` (1 on the policy's own tokens only, so observations never carry loss): the finished
+conversation re-tokenized, also when a server (vLLM, llama.cpp) generated it. TRL's vLLM
+importance-sampling correction is off, so no sampling log-probabilities are computed (they are
+NaN, TRL's "not available"); a step whose groups are all uninformative has no gradient and reaches
+TRL as one-token stubs, an update that costs next to nothing. Tasks may be of
 any kind: each rollout is one attempt (`orchard.eval.attempt`), and its reward follows the grade's
 score from -1 (score 0) to +1 (score 1, resolved; both configurable), optionally plus
 `judge_weight` x a judge model's rubric score in [0, 1] (R + alpha J). While it trains, as many
@@ -146,6 +147,7 @@ class SandboxRollouts:
         )
         out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "reward": []}
         stats = StepStats()
+        groups = []
         try:
             size = self.settings.bar.group_size
             # TRL repeats each prompt `num_generations` (= group size) times in a row: one BAR group each
@@ -167,13 +169,21 @@ class SandboxRollouts:
                 stats.settled += int(group.kind == "settled")
                 stats.spent += group.spent
                 stats.saved += self.settings.bar.max_rollouts - group.spent
-                for rollout in group.rollouts:
-                    stats.rewards.append(rollout.reward)
-                    for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
-                        out[key].append(rollout.payload[key])
-                    out["reward"].append(rollout.reward)
+                groups.append(group)
         finally:
             model.train(was_training)
+        # A step whose every group's rewards agree has no gradient (GRPO's advantages are all zero,
+        # and with beta 0 there is no KL term): its rollouts reach TRL cut to their last prompt token
+        # and first completion token, so that the update costs next to nothing.
+        idle = self.settings.beta == 0 and not any(group.informative for group in groups)
+        for rollout in (rollout for group in groups for rollout in group.rollouts):
+            stats.rewards.append(rollout.reward)
+            for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
+                tokens = rollout.payload[key]
+                if idle:  # one token each, counted in the loss (an all-masked batch would divide by zero)
+                    tokens = tokens[-1:] if key == "prompt_ids" else [1] if key == "env_mask" else tokens[:1]
+                out[key].append(tokens)
+            out["reward"].append(rollout.reward)
         if trainer.accelerator.num_processes > 1:  # each process rolled out its own groups: sum them
             from accelerate.utils import gather_object
 
@@ -297,10 +307,9 @@ class SandboxRollouts:
         return min(1.0, max(0.0, float(match.group(1)))) if match else 0.0
 
     def _tokens(self, policy: TransformersModel, messages: list[dict[str, Any]], tools: Any) -> dict[str, list]:
-        """Prompt and completion token ids, the env mask and the policy's log-probabilities of the completion."""
-        import torch
-
-        tokenizer, model = policy.tokenizer, policy.model
+        """Prompt and completion token ids, the env mask, and log-probabilities NaN: TRL reads them only
+        for its vLLM importance-sampling correction, which is off (NaN is its "not available")."""
+        tokenizer = policy.tokenizer
         prompt_text = tokenizer.apply_chat_template(
             messages[:2], tools=tools or None, tokenize=False, add_generation_prompt=True
         )
@@ -311,14 +320,8 @@ class SandboxRollouts:
         limit = cut + self.settings.max_completion_length
         prompt_ids, completion_ids = ids[:cut], ids[cut:limit]
         mask = [int(any(a <= begin and end <= b for a, b in spans)) for begin, end in offsets[cut:limit]]
-        with policy._lock, torch.no_grad():
-            device = next(model.parameters()).device
-            logits = model(input_ids=torch.tensor([ids[:limit]], device=device)).logits[0]
-            logps = torch.log_softmax(logits.float(), dim=-1)
-            targets = torch.tensor(completion_ids, device=device)
-            positions = torch.arange(cut - 1, cut - 1 + len(completion_ids), device=device)
-            sampled = logps[positions, targets].tolist() if completion_ids else []
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": sampled, "env_mask": mask}
+        logprobs = [math.nan] * len(completion_ids)
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs, "env_mask": mask}
 
 
 class VLLMServer:
@@ -430,7 +433,7 @@ def train_rl(
         use_vllm=config.use_vllm,
         vllm_mode="server",
         vllm_server_base_url=config.vllm_server if config.use_vllm else None,
-        vllm_importance_sampling_correction=False,  # the rollouts' log-probs are the policy's own, see _tokens
+        vllm_importance_sampling_correction=False,  # the rollouts carry no sampling log-probs, see _tokens
         ddp_find_unused_parameters=False,
         **shared_args(),
     )

@@ -213,6 +213,25 @@ def trl_arguments(config: SFTConfig, output_dir: str | Path, **extra: Any) -> An
     )
 
 
+def sft_trainer() -> type:
+    """TRL's `SFTTrainer`, on a CPU with transformers' loss: the model's own cross-entropy over the
+    labels, the same number. TRL's chunked fused LM head spares a GPU the full logits (and yields
+    entropy and token-accuracy metrics), but makes a step about 1.4x as slow on a CPU
+    (bench/sft_step.py)."""
+    import torch
+    from transformers import Trainer
+    from trl import SFTTrainer
+
+    if torch.cuda.is_available():
+        return SFTTrainer
+
+    class CPUSFTTrainer(SFTTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+
+    return CPUSFTTrainer
+
+
 def train_sft(
     model_path: str | Path,
     examples: Sequence[SFTExample],
@@ -224,7 +243,6 @@ def train_sft(
     saved to `output_dir`."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTTrainer
 
     if not examples:
         raise ConfigError("no SFT examples: collect trajectories and run credit assignment first")
@@ -234,7 +252,7 @@ def train_sft(
     peft_config = lora_config(config.lora_rank) if config.lora else None
     args = trl_arguments(config, output_dir)
     dataset = Dataset.from_list([{"input_ids": e.input_ids, "labels": e.labels} for e in examples])
-    trainer = SFTTrainer(
+    trainer = sft_trainer()(
         model=model,
         args=args,
         train_dataset=dataset,

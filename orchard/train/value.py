@@ -62,6 +62,18 @@ def text_backbone(vlm_folder: str | Path, out: str | Path) -> Path:
     return out
 
 
+def balanced(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` with the rarer label's repeated (in order, round after round) up to the other's count:
+    a teacher's trajectories all resolve, so the head would otherwise learn the base rate, not what
+    tells a failure from a success."""
+    wins = [row for row in rows if row["labels"]]
+    losses = [row for row in rows if not row["labels"]]
+    few, many = sorted((wins, losses), key=len)
+    if not few:
+        return rows
+    return many + [few[i % len(few)] for i in range(len(many))]
+
+
 def train_value(
     base_model: str | Path,
     trajectories: Sequence[TrajectoryRecord],
@@ -95,13 +107,15 @@ def train_value(
     model = AutoModelForSequenceClassification.from_pretrained(base_model, num_labels=1)
     model.config.pad_token_id = tokenizer.pad_token_id
     model.config.value_max_length = config.max_length  # saved with it: scoring reads trajectories the same way
-    rows = [
-        {
-            "input_ids": encode(tokenizer, trajectory_text(tokenizer, t), config.max_length),
-            "labels": float(bool(t.resolved)),
-        }
-        for t in trajectories
-    ]
+    rows = balanced(
+        [
+            {
+                "input_ids": encode(tokenizer, trajectory_text(tokenizer, t), config.max_length),
+                "labels": float(bool(t.resolved)),
+            }
+            for t in trajectories
+        ]
+    )
     args = TrainingArguments(
         output_dir=str(output_dir),
         learning_rate=config.learning_rate,
@@ -123,7 +137,8 @@ def train_value(
     result = quiet(trainer).train()
     save_trained(trainer, output_dir)
     return {
-        "trajectories": len(rows),
+        "trajectories": len(trajectories),
+        "examples": len(rows),
         "resolved": sum(bool(t.resolved) for t in trajectories),
         "steps": trainer.state.global_step,
         "train_loss": result.training_loss,

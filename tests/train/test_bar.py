@@ -126,6 +126,19 @@ def test_a_settled_task_costs_one_probe_and_one_that_changed_is_rolled_out_as_us
     assert memory.settled("never") is None
 
 
+def test_a_task_settles_within_a_step_once_its_newest_rollouts_agree():
+    """With memory, a first visit whose first stride all agrees stops there (the paper's BAR would
+    spend the whole budget); a stride that differs keeps looking, as without memory."""
+    config = BARConfig(group_size=4, max_rollouts=8, stride=4)
+    group = balanced_rollout(_history("1111" + "0" * 4), config, memory=PassRates(settle_after=4), task="t")
+    assert (group.kind, group.spent, group.informative) == ("best", 4, False)
+    assert balanced_rollout(_history("1111" + "0" * 4), config).spent == 8  # no memory: the budget
+    longer = BARConfig(group_size=4, max_rollouts=12, stride=4)
+    group = balanced_rollout(_history("1110" + "1111" + "0000"), longer, memory=PassRates(settle_after=4), task="t")
+    assert (group.kind, group.spent, group.positives) == ("relaxed", 8, 3)  # the newest four agree: a mix, and done
+    assert balanced_rollout(_history("1110" + "1111" + "0000"), longer).kind == "balanced"  # no memory: 12 spent
+
+
 def test_the_first_stride_follows_the_estimated_pass_rate():
     config = BARConfig(group_size=4, max_rollouts=16, stride=16)
     memory = PassRates()
@@ -136,6 +149,8 @@ def test_the_first_stride_follows_the_estimated_pass_rate():
     assert memory.first_stride("rare", config) == 9  # at (1 + 4) / (2 + 20), two successes take nine
     memory.record("hopeless", [Rollout(False, 0.0)] * 20)
     assert memory.first_stride("hopeless", config) == 16  # capped at the budget
+    wide = BARConfig(group_size=4, max_rollouts=16, stride=16, rho_min=0.25, rho_max=0.75)
+    assert memory.first_stride("rare", wide) == 5  # one success of four is balanced: it takes five
 
 
 def test_memory_spends_fewer_rollouts_per_informative_group_on_hand_made_histories():

@@ -59,6 +59,39 @@ def test_one_grpo_step_on_bar_groups_of_sandboxed_episodes(client, example_task,
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
+def test_a_step_without_an_informative_group_reaches_trl_as_one_token_stubs(
+    client, example_task, tmp_path, monkeypatch
+):
+    """Slow: the tiny model never resolves and no judge scores it, so its group's rewards agree: the
+    step has no gradient, TRL gets one prompt and one completion token per rollout, and the weights
+    do not move."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from orchard.train.rl import SandboxRollouts
+    from orchard.train.tiny import build_tiny_model
+
+    handed: list[dict] = []
+    real = SandboxRollouts.__call__
+
+    def recorded(self, prompts, trainer):
+        handed.append(real(self, prompts, trainer))
+        return handed[-1]
+
+    monkeypatch.setattr(SandboxRollouts, "__call__", recorded)
+    task, image = example_task("orchard-examples__textkit-1")
+    base = build_tiny_model(tmp_path / "tiny")
+    before = AutoModelForCausalLM.from_pretrained(base).state_dict()
+    settings = RLConfig(group_size=2, max_rollouts=2, stride=2, harnesses=["bash"], max_steps=1, episode_steps=1)
+    result = train_rl(str(base), [task], {task.instance_id: image}, client, str(tmp_path / "rl"), settings)
+    (out,) = handed
+    assert result["bar"][0]["informative_share"] == 0.0 and out["reward"] == [-1.0, -1.0]
+    assert [len(ids) for key in ("prompt_ids", "completion_ids", "logprobs") for ids in out[key]] == [1] * 6
+    assert out["env_mask"] == [[1], [1]] and result["losses"] == [0.0]
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "rl").state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
 @pytest.mark.model
 def test_rollouts_generate_on_llama_server_with_each_steps_policy(
     client, example_task, tiny_llama, tmp_path, monkeypatch

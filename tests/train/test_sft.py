@@ -86,6 +86,23 @@ def test_sft_trains_the_tiny_model_with_trl(tiny, tokenizer, tmp_path):
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
+def test_on_a_cpu_the_loss_is_trls_own_number_without_its_fused_head(tiny, tokenizer, tmp_path, monkeypatch):
+    """The CPU trainer (`sft_trainer`) takes the model's cross-entropy over the labels instead of
+    TRL's chunked fused LM head (slower on a CPU): the losses of the same steps agree."""
+    from trl import SFTTrainer
+
+    from orchard.train import sft
+
+    built = token_labels(tokenizer, MESSAGES, TOOLS, trained_turns=None)
+    examples = [SFTExample("t", "tools", True, 3, built["input_ids"], built["labels"])] * 2
+    settings = SFTConfig(max_steps=2, learning_rate=1e-2, max_length=1024)
+    ours = train_sft(tiny, examples, tmp_path / "ours", settings)["losses"]
+    assert sft.sft_trainer() is not SFTTrainer
+    monkeypatch.setattr(sft, "sft_trainer", lambda: SFTTrainer)  # TRL's own, for the same steps
+    theirs = train_sft(tiny, examples, tmp_path / "theirs", settings)["losses"]
+    assert ours == pytest.approx(theirs, rel=1e-4)
+
+
 def test_lora_bf16_and_gradient_checkpointing_save_a_merged_model(tiny, tokenizer, tmp_path):
     """The GPU config's options, run on CPU: peft LoRA adapters on every linear layer, bf16 autocast
     and gradient checkpointing; the adapters are merged so the folder loads as a plain model."""

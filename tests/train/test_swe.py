@@ -82,7 +82,10 @@ def test_the_whole_recipe_then_a_rerun_that_skips_every_stage(orchard_home, base
         ],
     )  # fmt: skip
     assert reranked.exit_code == 0, reranked.output
-    assert "rerank bash: one sample 100.0%, value-model pick 100.0%, oracle pass@2 100.0%" in reranked.stdout
+    assert (
+        "rerank bash: one sample 100.0%, non-empty 100.0%, value-model pick 100.0%, oracle pass@2 100.0%"
+        in reranked.stdout
+    )
 
 
 def test_a_recipe_run_from_another_folder_takes_its_paths_from_the_file(

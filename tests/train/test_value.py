@@ -11,7 +11,7 @@ import pytest
 from orchard.eval.rerank import ValueModel, rerank
 from orchard.store import TrajectoryRecord
 from orchard.train.config import ValueConfig
-from orchard.train.value import train_value
+from orchard.train.value import balanced, train_value
 
 
 def record(index: int, resolved: bool, instance: str = "t") -> TrajectoryRecord:
@@ -48,6 +48,7 @@ def test_a_value_model_separates_resolved_from_unresolved(tmp_path: Path):
     assert model.max_length == 512  # scored as it was trained: the same end of each trajectory
     good, bad = model.score([record(100, True), record(101, False)])
     assert good > bad
+    assert [good, bad] == pytest.approx(model.score([record(100, True)]) + model.score([record(101, False)]), abs=1e-5)
     with pytest.raises(Exception, match="resolved and unresolved"):
         train_value(base, [record(0, True)], tmp_path / "nope")
 
@@ -69,3 +70,24 @@ def test_rerank_picks_the_top_scored_candidate():
     assert summary["picks"] == {"a": "a-1", "b": "b-0"}
     assert summary["reranked"] == 0.5 and summary["oracle_pass_at_n"] == 0.5
     assert summary["one_sample"] == pytest.approx((1 / 3 + 0) / 2)
+
+
+def test_an_empty_submission_is_never_picked_where_it_always_fails():
+    """SWE's empty diff fixes nothing: the pick is the best-scored sample that submitted something,
+    and `non_empty` is the rate of a sample drawn from those (the rule's share of a gain)."""
+    a = [record(0, True, "a"), record(1, False, "a"), record(2, False, "a")]
+    a[2].patch = ""
+    b = [record(0, False, "b"), record(1, False, "b")]
+    b[0].patch = b[1].patch = ""  # every one empty: the value model picks among them all
+    scores = Scores({"a-0": 0.5, "a-1": 0.1, "a-2": 0.9, "b-0": 0.3, "b-1": 0.4})
+    assert rerank({"a": a, "b": b}, scores)["picks"] == {"a": "a-2", "b": "b-1"}
+    summary = rerank({"a": a, "b": b}, scores, empty_fails=True)
+    assert summary["picks"] == {"a": "a-0", "b": "b-1"} and summary["reranked"] == 0.5
+    assert summary["non_empty"] == pytest.approx((1 / 2 + 0) / 2) and summary["one_sample"] == pytest.approx(1 / 6)
+
+
+def test_the_rarer_verdict_is_repeated_to_balance_the_value_models_examples():
+    rows = [{"labels": 1.0, "i": i} for i in range(5)] + [{"labels": 0.0, "i": 9}, {"labels": 0.0, "i": 8}]
+    out = balanced(rows)
+    assert [r["i"] for r in out if not r["labels"]] == [9, 8, 9, 8, 9] and len(out) == 10
+    assert balanced(rows[:5]) == rows[:5]  # one verdict only: nothing to balance (train_value refuses it)

@@ -52,6 +52,7 @@ class SWETask(TaskBase):
     """One repository issue to resolve, with the tests that decide whether it was."""
 
     submission_file: ClassVar[str] = "patch.diff"
+    empty_submission_fails: ClassVar[bool] = True
 
     instance_id: str
     kind: str = "swe"
