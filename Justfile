@@ -25,7 +25,7 @@ images:
 llama:
     orchard model llama-server
 
-# the learning run: SmolLM2-135M-Instruct before and after the pipeline, on held-out tasks (about 45 min)
+# the learning run: SmolLM2-135M-Instruct before and after the pipeline, on held-out tasks (about 42 min)
 learning: images llama
     python bench/learning.py
 

@@ -33,11 +33,15 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=ROOT / "examples/configs/swe-smollm.yaml")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=FutureWarning)
+    from transformers.utils import logging as hf_logging
+
     from orchard.agents.llamacpp import build
     from orchard.config import settings
     from orchard.train.pipeline import load_config, run_recipe
     from orchard.train.smollm import smollm2_folder
 
+    hf_logging.set_verbosity_error()  # as `orchard train` does: the stages report themselves
+    hf_logging.disable_progress_bar()
     started = time.monotonic()
     print(f"SmolLM2-135M-Instruct: {smollm2_folder()}")
     print(f"llama.cpp: {build()}")
