@@ -216,7 +216,7 @@ def trl_arguments(config: SFTConfig, output_dir: str | Path, **extra: Any) -> An
 def sft_trainer() -> type:
     """TRL's `SFTTrainer`, on a CPU with transformers' loss: the model's own cross-entropy over the
     labels, the same number. TRL's chunked fused LM head spares a GPU the full logits (and yields
-    entropy and token-accuracy metrics), but makes a step about 1.4x as slow on a CPU
+    entropy and token-accuracy metrics), but makes a step about 1.2x as slow on a CPU
     (bench/sft_step.py)."""
     import torch
     from transformers import Trainer
