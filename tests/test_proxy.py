@@ -53,6 +53,8 @@ class Reply:
     """Another status answers `{"error": ...}` with it."""
     hang: float = 0.0
     """Seconds to wait before answering."""
+    stream_end: str = "done"
+    """How a stream ends: `done` (its `[DONE]`), `cut` (no `[DONE]`), `error` (an error event, then `[DONE]`)."""
 
 
 def token_of(index: int) -> int:
@@ -209,7 +211,10 @@ def upstream_serving(
                     assert upstream.hold.wait(timeout=10), "the client never saw the earlier chunks"
                 self.chunk(f"data: {json.dumps(chunk)}\n\n".encode())
                 time.sleep(0.005)  # chunks arrive apart, as a model's tokens do
-            self.chunk(b"data: [DONE]\n\n")
+            if reply.stream_end == "error":
+                self.chunk(b'data: {"error": {"message": "the engine died", "type": "server_error"}}\n\n')
+            if reply.stream_end != "cut":
+                self.chunk(b"data: [DONE]\n\n")
             upstream.finished_streams += 1  # before the stream's end, which the client may see at once
             self.chunk(b"")
 
@@ -563,6 +568,64 @@ def test_upstream_failures_pass_through_and_are_recorded_as_failed_calls(store):
     assert trajectories_of(store, "proxy-default") == [] and trajectories_of(store, "proxy-gone") == []
 
 
+def test_a_stream_that_fails_upstream_fails_for_the_client_and_in_the_record(store):
+    """A stream that ends without its `[DONE]`, or carries an error event, ends for the client in an
+    error the OpenAI client raises, and is recorded as a failed call (it was `ok`, with no choices)."""
+    import openai
+
+    def script(body: dict[str, Any]) -> Reply:
+        return Reply("half an answer", stream_end=body["messages"][-1]["content"])
+
+    with upstream_serving(script) as upstream, Proxy(upstream.url, port=0, store=store) as proxy:
+        chat = openai.OpenAI(base_url=proxy.url, api_key="sk-x").chat.completions
+        for end in ("cut", "error"):
+            with pytest.raises(openai.APIError):
+                list(chat.create(model=MODEL, messages=[{"role": "user", "content": end}], stream=True))
+        assert len(list(chat.create(model=MODEL, messages=[{"role": "user", "content": "done"}], stream=True))) > 1
+        proxy.flush()
+    cut, errored, done = calls_of(store, "proxy-default")
+    assert (cut.status, cut.error) == ("failed", "the upstream's stream ended before its [DONE]")
+    assert (errored.status, errored.error) == ("failed", "the upstream sent an error in its stream")
+    assert (done.status, done.error) == ("ok", None)
+
+
+def test_bodies_over_the_limits_are_refused_and_recorded_failed(store):
+    """A request body over `max_request` is refused (413) however it is sent, and never forwarded;
+    an answer over `max_answer` is dropped, whole or streamed, and its call recorded failed."""
+    import openai
+
+    with (
+        upstream_serving(lambda _body: Reply("x" * 4000)) as upstream,
+        Proxy(upstream.url, port=0, store=store, max_request=2048, max_answer=1024) as proxy,
+    ):
+        big = json.dumps({**CHAT, "messages": [{"role": "user", "content": "y" * 4096}]}).encode()
+        declared = httpx.post(proxy.url + "/chat/completions", content=big)
+        chunked = httpx.post(proxy.url + "/chat/completions", content=iter([big[:1000], big[1000:]]))
+        assert declared.status_code == chunked.status_code == 413 and upstream.chats() == []
+        assert declared.json()["error"]["message"] == "the request's body is over the proxy's limit of 2048 bytes"
+        whole = httpx.post(proxy.url + "/chat/completions", json=CHAT)
+        assert whole.status_code == 502 and whole.json()["error"]["type"] == "upstream_too_large"
+        chat = openai.OpenAI(base_url=proxy.url, api_key="sk-x").chat.completions
+        with pytest.raises(openai.APIError, match="over the proxy's limit of 1024 bytes"):
+            list(chat.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True))
+        proxy.flush()
+    over = "the upstream's answer is over the proxy's limit of 1024 bytes"
+    assert [(c.status, c.error) for c in calls_of(store, "proxy-default")] == [("failed", over)] * 2
+
+
+def test_no_secret_from_the_request_headers_lands_in_the_store(upstream, proxy, store, tmp_path):
+    """Keys a client sends (OpenAI's Authorization, Anthropic's x-api-key, Azure's api-key) reach
+    the upstream and nowhere else: no table of the store holds them, the raw file neither."""
+    secrets = {"authorization": "Bearer sk-secret-bearer", "x-api-key": "sk-secret-x", "api-key": "sk-secret-azure"}
+    for stream in (False, True):
+        answer = httpx.post(proxy.url + "/chat/completions", json={**CHAT, "stream": stream}, headers=secrets)
+        assert answer.status_code == 200
+    proxy.flush()
+    assert upstream.requests[-1][2]["x-api-key"] == "sk-secret-x" and len(calls_of(store, "proxy-tests")) == 2
+    stored = b"".join(path.read_bytes() for path in tmp_path.glob("orchard.db*"))  # the WAL too
+    assert b"tiny-upstream" in stored and b"sk-secret" not in stored  # the calls are there, their keys not
+
+
 def test_a_bad_tag_or_path_is_refused_in_one_line_and_tags_parse(proxy, upstream, store):
     with httpx.Client(timeout=10) as http:
         bad = http.post(proxy.url.removesuffix("/v1") + "/t/bad%20tag/v1/chat/completions", json=CHAT)
@@ -649,6 +712,30 @@ def test_the_command_prints_its_url_serves_and_stops_cleanly_at_ctrl_c(upstream,
     assert len(calls_of(disk, "proxy-cli")) == 1
     with session(disk) as db:
         assert db.get(RunRecord, "proxy-cli").status == "finished"
+
+
+def test_sigterm_ends_the_proxy_within_two_seconds_while_an_answer_hangs(tmp_path):
+    """A supervisor's SIGTERM (Docker, Kubernetes, systemd) while the upstream is slow to answer:
+    the proxy ends within 2 s, not after its grace for calls in flight (it was 3 s)."""
+    home, port = tmp_path / "home", free_port()
+    env = {**os.environ, "ORCHARD_HOME": str(home)}
+    env.pop("ORCHARD_DB_URL", None)
+    with upstream_serving(lambda _body: Reply("late", hang=8.0)) as upstream:
+        command = [sys.executable, "-m", "orchard", "proxy", "--upstream", upstream.url, "--port", str(port)]
+        command += ["--max-request", "1", "--max-answer", "1"]  # MiB: the bounds are options
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert process.stdout.readline().startswith("orchard proxy on")
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            waiting = threading.Thread(target=lambda: httpx.post(url, json=CHAT, timeout=30), daemon=True)
+            waiting.start()
+            deadline = time.monotonic() + 10
+            while not upstream.requests and time.monotonic() < deadline:  # the call is at the upstream
+                time.sleep(0.05)
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=2)
+        finally:
+            process.kill()
 
 
 def test_a_killed_proxy_leaves_whole_records_and_its_run_interrupted(upstream, tmp_path):

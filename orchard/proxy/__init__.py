@@ -19,6 +19,11 @@ trajectory (`orchard.proxy.recorder`). Recording happens in a process of its own
 transaction per call, so the proxy adds little latency (bench/proxy.py) and an interrupted proxy
 leaves whole records only.
 
+Bodies are bounded (32 MiB by default, `--max-request`, `--max-answer`): a larger request is
+refused, a larger answer dropped and its call recorded failed, so memory stays bounded whatever a
+sandbox sends or an upstream answers; a stream that breaks, carries an error event or ends without
+its `[DONE]` is an error for the client and a failed call in the record.
+
 Not covered: the proxy has no authentication of its own (it binds loopback by default; anyone who
 reaches it spends the upstream's key); `/v1/completions` calls are recorded as calls, not grouped
 into trajectories (a raw prompt has no messages); of an answer with several choices, the first
@@ -29,3 +34,6 @@ one goes into the trajectory.
     ├── server.py     the ASGI app forwarding to the upstream, and `Proxy`, the running server
     └── cli.py        the `orchard proxy` command
 """
+
+MAX_MIB = 32
+"""The default bound on a request's body and on an answer's, in MiB (a long context is a few MB)."""

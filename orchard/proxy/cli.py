@@ -13,6 +13,7 @@ import typer
 
 from orchard.clikit import command, group
 from orchard.errors import ConfigError
+from orchard.proxy import MAX_MIB
 
 app = group("The recording proxy for model servers.")
 
@@ -47,6 +48,12 @@ def proxy(
     timeout: Annotated[
         float, typer.Option(metavar="SECONDS", min=1, help="How long the upstream may take over one answer.")
     ] = 600.0,
+    max_request: Annotated[
+        int, typer.Option(metavar="MIB", min=1, help="Refuse (413) a request whose body is larger.")
+    ] = MAX_MIB,
+    max_answer: Annotated[
+        int, typer.Option(metavar="MIB", min=1, help="Drop an answer that is larger (an error for the client).")
+    ] = MAX_MIB,
 ) -> None:
     """Forward OpenAI-compatible calls to a model server, recording every call and conversation.
 
@@ -59,7 +66,16 @@ def proxy(
         api_key = os.environ.get(api_key_env)
         if not api_key:
             raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is not set")
-    server = Proxy(upstream, host=host, port=port, api_key=api_key, run=run, timeout=timeout)
+    server = Proxy(
+        upstream,
+        host=host,
+        port=port,
+        api_key=api_key,
+        run=run,
+        timeout=timeout,
+        max_request=max_request << 20,
+        max_answer=max_answer << 20,
+    )
     typer.echo(
         f"orchard proxy on {server.url} -> {server.upstream}, recording run {server.run_id} "
         f"(tag calls with {server.tagged('RUN', 'SANDBOX')})"

@@ -8,13 +8,18 @@ Requests go out (through `upstream.Pool`) with their body and query unchanged an
 less the hop-by-hop ones (the upstream's key from `api_key`, when given, replaces the client's
 Authorization); answers come back unchanged, less hop-by-hop headers. A streamed answer
 (`text/event-stream`) is relayed as the upstream sends it, never gathered first. What the proxy
-itself refuses (a bad tag, an unknown path: 400, 404) and an upstream that cannot be reached
-(502) or stays silent past the timeout (504) get an OpenAI-style error,
+itself refuses (a bad tag, an unknown path: 400, 404; a request body over `max_request` bytes:
+413) and an upstream that cannot be reached (502), answers more than `max_answer` bytes (502) or
+stays silent past the timeout (504) get an OpenAI-style error,
 `{"error": {"message": ONE_LINE, "type": ...}}`; what the upstream answers, errors included,
-passes through as it sent it."""
+passes through as it sent it. A stream that breaks off, goes over `max_answer`, carries an error
+event or ends without its `[DONE]` ends for the client with an error event (the OpenAI client
+raises it) and is recorded as a failed call: never as a clean one. So memory stays bounded by
+the limits, whatever a sandbox sends or an upstream answers."""
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import threading
@@ -30,8 +35,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from orchard.errors import ConfigError, InvalidRequest
+from orchard.proxy import MAX_MIB
 from orchard.proxy.recorder import Call, Recorder, run_id_of
-from orchard.proxy.upstream import Answer, Pool, TimedOut, Unreachable, UpstreamError
+from orchard.proxy.upstream import Answer, Pool, TimedOut, TooLarge, Unreachable, UpstreamError
 from orchard.store import Store
 
 DEFAULT_PORT = 8009
@@ -48,8 +54,9 @@ HOP_BY_HOP = frozenset(
 for an uncompressed answer, to read it for the record; bodies pass as they are, encoded or not)."""
 ANSWER_DROPPED = HOP_BY_HOP | {"date", "server"}
 """Upstream answer headers not passed on (uvicorn sends its own date and server)."""
-GRACE_SECONDS = 3
-"""At Ctrl-C, how long answers still streaming may take to finish."""
+GRACE_SECONDS = 1
+"""At Ctrl-C or SIGTERM, how long answers still streaming may take to finish."""
+MAX_BODY = MAX_MIB << 20
 
 
 def check_tag(value: str, what: str) -> str:
@@ -107,7 +114,15 @@ def _answered(content: bytes, status: int, headers: list[tuple[str, str]], kind:
     return response
 
 
-def create_app(upstream: str, recorder: Recorder, *, api_key: str | None = None, timeout: float = 600.0) -> Starlette:
+def create_app(
+    upstream: str,
+    recorder: Recorder,
+    *,
+    api_key: str | None = None,
+    timeout: float = 600.0,
+    max_request: int = MAX_BODY,
+    max_answer: int = MAX_BODY,
+) -> Starlette:
     """The proxy as an ASGI app; it closes `recorder` when it shuts down (so a SIGTERM still
     leaves every answered call written)."""
     pool = Pool(upstream_base(upstream), timeout=timeout)
@@ -137,7 +152,9 @@ def create_app(upstream: str, recorder: Recorder, *, api_key: str | None = None,
         recorded = request.method == "POST" and api in RECORDED
         if not recorded and not (request.method == "GET" and _models(api)):
             return _error(404, f"orchard proxy does not forward {request.method} {api}", "invalid_request_error")
-        body = await request.body()
+        body = await _bounded_body(request, max_request)
+        if body is None:
+            return _error(413, f"the request's body is over the proxy's limit of {max_request} bytes", "too_large")
         started, clock = time.time(), time.perf_counter()
 
         def call(status: int | None, answer: bytes, stream: bool, error: str | None = None) -> Call:
@@ -160,10 +177,12 @@ def create_app(upstream: str, recorder: Recorder, *, api_key: str | None = None,
         except Unreachable as exc:
             return failed(502, exc, "upstream_unreachable")
         if answer.header("content-type").startswith("text/event-stream") and answer.status < 400:
-            relayed = _relay(answer, call, recorder if recorded else None)
+            relayed = _relay(answer, call, recorder if recorded else None, max_answer)
             return _answered(relayed, answer.status, answer.headers, StreamingResponse)  # type: ignore[arg-type]
         try:
-            content = await answer.read()
+            content = await answer.read(max_answer)
+        except TooLarge as exc:
+            return failed(502, exc, "upstream_too_large")
         except (TimedOut, Unreachable) as exc:
             return failed(504 if isinstance(exc, TimedOut) else 502, exc, "upstream_unreachable")
         finally:
@@ -175,19 +194,49 @@ def create_app(upstream: str, recorder: Recorder, *, api_key: str | None = None,
     return Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])], lifespan=lifespan)
 
 
-async def _relay(answer: Answer, call: Any, recorder: Recorder | None) -> AsyncIterator[bytes]:
-    """The upstream's chunks as they come. The call is handed to the recorder before the chunk
-    holding `[DONE]` is passed on, so a client's next request finds this one recorded first."""
+async def _bounded_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None once it is over `limit` bytes (read no further)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def _stream_error(message: str) -> bytes:
+    """An SSE error event, as OpenAI's API ends a stream that failed."""
+    return b"data: " + json.dumps({"error": {"message": message, "type": "upstream_error"}}).encode() + b"\n\n"
+
+
+async def _relay(answer: Answer, call: Any, recorder: Recorder | None, limit: int) -> AsyncIterator[bytes]:
+    """The upstream's chunks as they come, at most `limit` bytes of them. The call is handed to the
+    recorder before the chunk holding `[DONE]` is passed on, so a client's next request finds this
+    one recorded first; a stream that fails is recorded failed and ends with an error event."""
     chunks: list[bytes] = []
-    tail, error, done = b"", None, recorder is None
+    size, tail, error, ended, recorded = 0, b"", None, False, recorder is None
     try:
         async for chunk in answer.chunks():
+            size += len(chunk)
+            if size > limit:
+                error = f"the upstream's answer is over the proxy's limit of {limit} bytes"
+                break
             chunks.append(chunk)
-            if not done and b"[DONE]" in tail + chunk:
-                done = True
-                recorder.submit(call(answer.status, b"".join(chunks), True))  # type: ignore[union-attr]
-            tail = chunk[-8:]
+            seen = tail + chunk
+            if b'data: {"error"' in seen:
+                error = "the upstream sent an error in its stream"
+            if not ended and b"[DONE]" in seen:
+                ended = True
+                if not recorded and error is None:
+                    recorded = True
+                    recorder.submit(call(answer.status, b"".join(chunks), True))  # type: ignore[union-attr]
+            tail = chunk[-16:]
             yield chunk
+        if not ended and error is None:
+            error = "the upstream's stream ended before its [DONE]"
     except UpstreamError as exc:
         error = f"the stream broke off: {exc}"
     except BaseException:  # cancelled: the client went away, or the proxy is stopping
@@ -195,8 +244,10 @@ async def _relay(answer: Answer, call: Any, recorder: Recorder | None) -> AsyncI
         raise
     finally:
         answer.aclose()
-        if not done:
+        if not recorded:
             recorder.submit(call(answer.status, b"".join(chunks), True, error))  # type: ignore[union-attr]
+    if error is not None and not ended:
+        yield _stream_error(error)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -234,6 +285,8 @@ class Proxy:
         run: str = "default",
         store: Store | None = None,
         timeout: float = 600.0,
+        max_request: int = MAX_BODY,
+        max_answer: int = MAX_BODY,
     ):
         import uvicorn
 
@@ -250,7 +303,9 @@ class Proxy:
         except BaseException:
             self.socket.close()
             raise
-        app = create_app(upstream, self.recorder, api_key=api_key, timeout=timeout)
+        app = create_app(
+            upstream, self.recorder, api_key=api_key, timeout=timeout, max_request=max_request, max_answer=max_answer
+        )
         config = uvicorn.Config(
             app,
             log_level="warning",

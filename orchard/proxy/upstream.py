@@ -39,6 +39,10 @@ class Unreachable(UpstreamError, ConnectionError):
     """No connection, or it broke before the answer ended."""
 
 
+class TooLarge(UpstreamError):
+    """An answer longer than the proxy takes."""
+
+
 class TimedOut(UpstreamError, TimeoutError):
     """No connection, or nothing read, within the timeout."""
 
@@ -89,8 +93,15 @@ class Answer:
             return b""
         raise Unreachable(f"the upstream {self._pool.base} broke off its answer")
 
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
+    async def read(self, limit: int) -> bytes:
+        """The whole body; `TooLarge` past `limit` bytes (what came is dropped, the connection closed)."""
+        pieces, size = [], 0
+        async for chunk in self.chunks():
+            size += len(chunk)
+            if size > limit:
+                raise TooLarge(f"the upstream's answer is over the proxy's limit of {limit} bytes")
+            pieces.append(chunk)
+        return b"".join(pieces)
 
     def aclose(self) -> None:
         connection, self._connection = self._connection, None  # type: ignore[assignment]
