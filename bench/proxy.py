@@ -94,6 +94,10 @@ server.serve_forever()
 BODY = {"model": "bench", "messages": [{"role": "user", "content": "Say ok."}]}
 
 
+KEY = "sk-bench"
+"""The key the proxy answers (checked on every call, as in use)."""
+
+
 def call(client: httpx.Client, url: str, body: dict) -> float:
     """Milliseconds of one call, to the answer's last byte."""
     began = time.perf_counter()
@@ -134,17 +138,17 @@ def free_port() -> int:
 def measure(args: argparse.Namespace, home: Path) -> tuple[dict[str, list[float]], int]:
     """The timings of each path, and how many calls the proxy recorded."""
     upstream, port = started([sys.executable, "-c", UPSTREAM, str(args.chunks)])
-    env = {**os.environ, "ORCHARD_HOME": str(home)}
+    env = {**os.environ, "ORCHARD_HOME": str(home), "BENCH_PROXY_KEY": KEY}
     env.pop("ORCHARD_DB_URL", None)
     proxy_port = str(free_port())
     proxy_command = [sys.executable, "-m", "orchard", "proxy", "--upstream", f"http://127.0.0.1:{port}/v1"]
-    proxy, line = started([*proxy_command, "--port", proxy_port, "--run", "bench"], env)
+    proxy, line = started([*proxy_command, "--port", proxy_port, "--run", "bench", "--key-env", "BENCH_PROXY_KEY"], env)
     results: dict[str, list[float]] = {}
     try:
         if not line.startswith("orchard proxy on "):
             raise SystemExit(f"the proxy did not start: {line!r}")
         direct, through = f"http://127.0.0.1:{port}/v1", f"http://127.0.0.1:{proxy_port}/v1"
-        with httpx.Client(timeout=30) as client:
+        with httpx.Client(timeout=30, headers={"authorization": f"Bearer {KEY}"}) as client:  # the upstream ignores it
             for stream in (False, True):
                 kind = "stream" if stream else "whole"
                 timings = timed(client, direct, through, stream, args.runs)

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from hostile_http import MiB, send_chunked
 from sqlmodel import col, select
 from typer.testing import CliRunner
 
@@ -265,7 +266,7 @@ def upstream() -> Iterator[Upstream]:
 
 @pytest.fixture
 def proxy(upstream, store) -> Iterator[Proxy]:
-    with Proxy(upstream.url, port=0, store=store, run="tests") as running:
+    with Proxy(upstream.url, port=0, store=store, key=KEY, run="tests") as running:
         yield running
 
 
@@ -301,6 +302,9 @@ def trajectories_of(store: Store, run_id: str) -> list[tuple[TrajectoryRecord, l
 
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "tools": TOOLS}
+KEY = "sk-x"
+"""The key the tests' proxies answer (the OpenAI clients here send it)."""
+KEYED = {"authorization": f"Bearer {KEY}"}
 
 
 # -- forwarding ----------------------------------------------------------------------------------
@@ -308,9 +312,9 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "too
 
 def test_answers_through_the_proxy_are_the_upstreams_byte_for_byte(upstream, proxy):
     """Non-stream and stream, chat and completions, and the model list: the same bytes as straight from
-    the upstream; the client's headers go along, with the upstream's Host and no compression asked for."""
+    the upstream; the client's headers go along (not its key), with the upstream's Host and no compression asked for."""
     stream = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
-    with httpx.Client(timeout=10) as http:
+    with httpx.Client(timeout=10, headers=KEYED) as http:
         for path, body in (
             ("/chat/completions", CHAT),
             ("/chat/completions", stream),
@@ -319,14 +323,12 @@ def test_answers_through_the_proxy_are_the_upstreams_byte_for_byte(upstream, pro
             direct = http.post(
                 upstream.url + path, json=body, headers={"x-client": "mine", "authorization": "Bearer sk-client"}
             )
-            through = http.post(
-                proxy.url + path, json=body, headers={"x-client": "mine", "authorization": "Bearer sk-client"}
-            )
+            through = http.post(proxy.url + path, json=body, headers={"x-client": "mine", **KEYED})
             assert (through.status_code, through.content) == (direct.status_code, direct.content)
             assert through.headers["content-type"] == direct.headers["content-type"]
-        assert http.get(proxy.url + "/models").content == http.get(upstream.url + "/models").content
+        assert http.get(proxy.url + "/models", headers=KEYED).content == http.get(upstream.url + "/models").content
     forwarded = upstream.requests[1][2]
-    assert forwarded["x-client"] == "mine" and forwarded["authorization"] == "Bearer sk-client"
+    assert forwarded["x-client"] == "mine" and "authorization" not in forwarded  # the proxy's key stays here
     assert forwarded["accept-encoding"] == "identity" and forwarded["host"] == upstream.url.split("/")[2]
     assert upstream.requests[1][3] == CHAT  # the body unchanged
 
@@ -355,12 +357,12 @@ def test_a_stream_is_relayed_as_it_arrives_not_when_it_ends(store):
     hold = threading.Event()
     with (
         upstream_serving(lambda body: Reply("one two three four five six"), hold=hold) as upstream,
-        Proxy(upstream.url, port=0, store=store) as proxy,
+        Proxy(upstream.url, port=0, store=store, key=KEY) as proxy,
     ):
         body = {**CHAT, "stream": True}
         seen: list[str] = []
         with (
-            httpx.Client(timeout=httpx.Timeout(5.0)) as http,
+            httpx.Client(timeout=httpx.Timeout(5.0), headers=KEYED) as http,
             http.stream("POST", proxy.url + "/chat/completions", json=body) as answer,
         ):
             for line in answer.iter_lines():
@@ -377,10 +379,8 @@ def test_a_stream_is_relayed_as_it_arrives_not_when_it_ends(store):
 
 
 def test_an_api_key_from_the_environment_replaces_the_clients(upstream, store):
-    with Proxy(upstream.url, port=0, store=store, api_key="sk-upstream") as proxy:
-        httpx.post(
-            proxy.url + "/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-client"}, timeout=10
-        )
+    with Proxy(upstream.url, port=0, store=store, key=KEY, api_key="sk-upstream") as proxy:
+        httpx.post(proxy.url + "/chat/completions", json=CHAT, headers=KEYED, timeout=10)
     (_, _, headers, _) = upstream.requests[-1]
     assert headers["authorization"] == "Bearer sk-upstream"
 
@@ -448,7 +448,7 @@ def test_interleaved_conversations_become_one_trajectory_each_by_tag_and_prefix(
 
 
 def test_token_ids_and_logprobs_are_kept_from_streams_and_whole_answers(upstream, proxy, store):
-    with httpx.Client(timeout=10) as http:
+    with httpx.Client(timeout=10, headers=KEYED) as http:
         http.post(proxy.url + "/chat/completions", json=CHAT)
         http.post(
             proxy.url + "/chat/completions", json={**CHAT, "stream": True, "stream_options": {"include_usage": True}}
@@ -533,15 +533,16 @@ def test_upstream_failures_pass_through_and_are_recorded_as_failed_calls(store):
         said = body["messages"][-1]["content"]
         return Reply(status=503) if said == "fail" else Reply(hang=3.0) if said == "hang" else Reply("fine")
 
-    with upstream_serving(script) as upstream, Proxy(upstream.url, port=0, store=store, timeout=1.0) as proxy:
+    with upstream_serving(script) as upstream, Proxy(upstream.url, port=0, store=store, key=KEY, timeout=1.0) as proxy:
         failing = {**CHAT, "messages": [{"role": "user", "content": "fail"}]}
-        refused = httpx.post(proxy.url + "/chat/completions", json=failing, timeout=10)
+        refused = httpx.post(proxy.url + "/chat/completions", json=failing, headers=KEYED, timeout=10)
         assert (refused.status_code, refused.content) == (
             503,
             httpx.post(upstream.url + "/chat/completions", json=failing).content,
         )
         late = httpx.post(
             proxy.url + "/chat/completions",
+            headers=KEYED,
             json={**CHAT, "messages": [{"role": "user", "content": "hang"}]},
             timeout=10,
         )
@@ -554,8 +555,8 @@ def test_upstream_failures_pass_through_and_are_recorded_as_failed_calls(store):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         gone = s.getsockname()[1]
-    with Proxy(f"http://127.0.0.1:{gone}/v1", port=0, store=store, run="gone") as proxy:
-        down = httpx.post(proxy.url + "/chat/completions", json=CHAT, timeout=10)
+    with Proxy(f"http://127.0.0.1:{gone}/v1", port=0, store=store, key=KEY, run="gone") as proxy:
+        down = httpx.post(proxy.url + "/chat/completions", json=CHAT, headers=KEYED, timeout=10)
     error = down.json()["error"]
     assert down.status_code == 502 and error["type"] == "upstream_unreachable" and "\n" not in error["message"]
     assert error["message"].startswith(f"the upstream http://127.0.0.1:{gone} cannot be reached: ")
@@ -576,7 +577,7 @@ def test_a_stream_that_fails_upstream_fails_for_the_client_and_in_the_record(sto
     def script(body: dict[str, Any]) -> Reply:
         return Reply("half an answer", stream_end=body["messages"][-1]["content"])
 
-    with upstream_serving(script) as upstream, Proxy(upstream.url, port=0, store=store) as proxy:
+    with upstream_serving(script) as upstream, Proxy(upstream.url, port=0, store=store, key=KEY) as proxy:
         chat = openai.OpenAI(base_url=proxy.url, api_key="sk-x").chat.completions
         for end in ("cut", "error"):
             with pytest.raises(openai.APIError):
@@ -596,14 +597,14 @@ def test_bodies_over_the_limits_are_refused_and_recorded_failed(store):
 
     with (
         upstream_serving(lambda _body: Reply("x" * 4000)) as upstream,
-        Proxy(upstream.url, port=0, store=store, max_request=2048, max_answer=1024) as proxy,
+        Proxy(upstream.url, port=0, store=store, key=KEY, max_request=2048, max_answer=1024) as proxy,
     ):
         big = json.dumps({**CHAT, "messages": [{"role": "user", "content": "y" * 4096}]}).encode()
-        declared = httpx.post(proxy.url + "/chat/completions", content=big)
-        chunked = httpx.post(proxy.url + "/chat/completions", content=iter([big[:1000], big[1000:]]))
+        declared = httpx.post(proxy.url + "/chat/completions", content=big, headers=KEYED)
+        chunked = httpx.post(proxy.url + "/chat/completions", content=iter([big[:1000], big[1000:]]), headers=KEYED)
         assert declared.status_code == chunked.status_code == 413 and upstream.chats() == []
         assert declared.json()["error"]["message"] == "the request's body is over the proxy's limit of 2048 bytes"
-        whole = httpx.post(proxy.url + "/chat/completions", json=CHAT)
+        whole = httpx.post(proxy.url + "/chat/completions", json=CHAT, headers=KEYED)
         assert whole.status_code == 502 and whole.json()["error"]["type"] == "upstream_too_large"
         chat = openai.OpenAI(base_url=proxy.url, api_key="sk-x").chat.completions
         with pytest.raises(openai.APIError, match="over the proxy's limit of 1024 bytes"):
@@ -613,21 +614,55 @@ def test_bodies_over_the_limits_are_refused_and_recorded_failed(store):
     assert [(c.status, c.error) for c in calls_of(store, "proxy-default")] == [("failed", over)] * 2
 
 
-def test_no_secret_from_the_request_headers_lands_in_the_store(upstream, proxy, store, tmp_path):
-    """Keys a client sends (OpenAI's Authorization, Anthropic's x-api-key, Azure's api-key) reach
-    the upstream and nowhere else: no table of the store holds them, the raw file neither."""
-    secrets = {"authorization": "Bearer sk-secret-bearer", "x-api-key": "sk-secret-x", "api-key": "sk-secret-azure"}
-    for stream in (False, True):
-        answer = httpx.post(proxy.url + "/chat/completions", json={**CHAT, "stream": stream}, headers=secrets)
-        assert answer.status_code == 200
-    proxy.flush()
-    assert upstream.requests[-1][2]["x-api-key"] == "sk-secret-x" and len(calls_of(store, "proxy-tests")) == 2
+def test_no_key_a_client_sends_reaches_the_upstream_or_the_store(upstream, store, tmp_path):
+    """Keys in a client's headers (OpenAI's Authorization, Anthropic's x-api-key, Azure's api-key),
+    the proxy's included, go no further: the upstream gets only the proxy's own upstream key, and
+    no table of the store holds them, the raw file neither."""
+    secret = "sk-secret-proxy"
+    with Proxy(upstream.url, port=0, store=store, key=secret, api_key="sk-upstream") as proxy:
+        for stream, header in ((False, "authorization"), (True, "x-api-key"), (False, "api-key")):
+            sent = {header: f"Bearer {secret}" if header == "authorization" else secret, "x-api-key-2": "fine"}
+            extra = {"api-key": "sk-secret-azure"} if header != "api-key" else {"x-api-key": "sk-secret-x"}
+            answer = httpx.post(proxy.url + "/chat/completions", json={**CHAT, "stream": stream}, headers=sent | extra)
+            assert answer.status_code == 200
+        proxy.flush()
+    for _method, _path, headers, _body in upstream.requests:
+        assert not any("sk-secret" in value for value in headers.values())
+        assert headers["authorization"] == "Bearer sk-upstream" and headers["x-api-key-2"] == "fine"
+    assert len(calls_of(store, "proxy-default")) == 3
     stored = b"".join(path.read_bytes() for path in tmp_path.glob("orchard.db*"))  # the WAL too
     assert b"tiny-upstream" in stored and b"sk-secret" not in stored  # the calls are there, their keys not
 
 
+def test_no_answer_without_the_key_and_a_huge_body_without_it_is_never_read(upstream, proxy, store):
+    """Whoever reaches the proxy (a sandbox, through `expose`) must hold its key, or an attempt's,
+    in any of the three headers: without one, 401 before a byte of the body is read (an endless
+    body sent without a key is answered at once) and nothing goes upstream. An attempt's key
+    records under its own run and sandbox, whatever the path names."""
+    url = proxy.url + "/chat/completions"
+    for headers in ({}, {"authorization": "Bearer sk-wrong"}, {"x-api-key": "sk-wrong"}, {"authorization": KEY[:-1]}):
+        refused = httpx.post(url, json=CHAT, headers=headers, timeout=10)
+        assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+    status, sent = send_chunked(proxy.port, "/v1/chat/completions", {}, 1 << 30)  # 1 GiB, without a key
+    assert status == 401 and sent < 64 * MiB, f"the proxy read {sent / MiB:.0f} MiB"  # the kernel's buffers
+    assert upstream.requests == []
+    for header in ("x-api-key", "api-key"):
+        assert httpx.post(url, json=CHAT, headers={header: KEY}, timeout=10).status_code == 200
+    granted = proxy.keys.grant("attempt-7", "box-3")
+    answer = httpx.post(
+        proxy.tagged("elsewhere", "box-0") + "/chat/completions", json=CHAT, headers={"x-api-key": granted}
+    )
+    assert answer.status_code == 200
+    proxy.keys.revoke(granted)
+    assert httpx.post(url, json=CHAT, headers={"x-api-key": granted}, timeout=10).status_code == 401
+    proxy.flush()
+    assert [c.sandbox for c in calls_of(store, "proxy-attempt-7")] == ["box-3"] and not calls_of(
+        store, "proxy-elsewhere"
+    )
+
+
 def test_a_bad_tag_or_path_is_refused_in_one_line_and_tags_parse(proxy, upstream, store):
-    with httpx.Client(timeout=10) as http:
+    with httpx.Client(timeout=10, headers=KEYED) as http:
         bad = http.post(proxy.url.removesuffix("/v1") + "/t/bad%20tag/v1/chat/completions", json=CHAT)
         assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("bad run tag 'bad tag': ")
         dots = http.post(proxy.url.removesuffix("/v1") + "/t/run/..hidden/v1/chat/completions", json=CHAT)
@@ -635,7 +670,7 @@ def test_a_bad_tag_or_path_is_refused_in_one_line_and_tags_parse(proxy, upstream
         assert http.post(proxy.url.removesuffix("/v1") + "/t/run/a/b/v1/chat/completions", json=CHAT).status_code == 400
         assert http.post(proxy.url + "/embeddings", json={}).status_code == 404
         raw = http_client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)  # httpx would resolve the dots
-        raw.request("GET", "/v1/models/org/../../admin")
+        raw.request("GET", "/v1/models/org/../../admin", headers=KEYED)
         assert raw.getresponse().status == 404  # the upstream key reaches no other route
         raw.close()
         assert http.get(proxy.url + "/models/org/model-1").status_code == 200
@@ -647,18 +682,19 @@ def test_a_bad_tag_or_path_is_refused_in_one_line_and_tags_parse(proxy, upstream
 
 
 def test_a_run_is_of_kind_proxy_and_finished_with_its_figures_when_the_proxy_stops(upstream, store):
-    with Proxy(upstream.url, port=0, store=store, run="day1") as proxy:
-        httpx.post(proxy.url + "/chat/completions", json=CHAT, timeout=10)
-        httpx.post(proxy.tagged("other") + "/chat/completions", json=CHAT, timeout=10)
+    with Proxy(upstream.url, port=0, store=store, key=KEY, run="day1") as proxy:
+        httpx.post(proxy.url + "/chat/completions", json=CHAT, headers=KEYED, timeout=10)
+        httpx.post(proxy.tagged("other") + "/chat/completions", json=CHAT, headers=KEYED, timeout=10)
     with session(store) as db:
         runs = {r.id: r for r in db.exec(select(RunRecord))}
     assert sorted(runs) == ["proxy-day1", "proxy-other"]
     assert {(r.kind, r.status) for r in runs.values()} == {("proxy", "finished")}
     assert json.loads(runs["proxy-day1"].summary) == {"calls": 1, "failed_calls": 0, "trajectories": 1}
-    with Proxy(upstream.url, port=0, store=store, run="day1") as proxy:  # restarted: the conversation goes on
+    with Proxy(upstream.url, port=0, store=store, key=KEY, run="day1") as proxy:  # restarted: the conversation goes on
         first = json.loads(trajectories_of(store, "proxy-day1")[0][0].messages)
         httpx.post(
             proxy.url + "/chat/completions",
+            headers=KEYED,
             json={**CHAT, "messages": [*first, {"role": "user", "content": "more"}]},
             timeout=10,
         )
@@ -699,8 +735,11 @@ def test_the_command_prints_its_url_serves_and_stops_cleanly_at_ctrl_c(upstream,
         assert line.startswith(
             f"orchard proxy on http://127.0.0.1:{port}/v1 -> {upstream.url}, recording run proxy-cli"
         )
-        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=CHAT, timeout=10)
-        assert answer.status_code == 200
+        key = process.stdout.readline().removeprefix("clients send the key ").strip()  # a new one: none was given
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        assert httpx.post(url, json=CHAT, timeout=10).status_code == 401
+        answer = httpx.post(url, json=CHAT, headers={"authorization": f"Bearer {key}"}, timeout=10)
+        assert key.startswith("sk-orchard-") and answer.status_code == 200
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=30)
     finally:
@@ -718,16 +757,18 @@ def test_sigterm_ends_the_proxy_within_two_seconds_while_an_answer_hangs(tmp_pat
     """A supervisor's SIGTERM (Docker, Kubernetes, systemd) while the upstream is slow to answer:
     the proxy ends within 2 s, not after its grace for calls in flight (it was 3 s)."""
     home, port = tmp_path / "home", free_port()
-    env = {**os.environ, "ORCHARD_HOME": str(home)}
+    env = {**os.environ, "ORCHARD_HOME": str(home), "PROXY_KEY": KEY}
     env.pop("ORCHARD_DB_URL", None)
     with upstream_serving(lambda _body: Reply("late", hang=8.0)) as upstream:
         command = [sys.executable, "-m", "orchard", "proxy", "--upstream", upstream.url, "--port", str(port)]
-        command += ["--max-request", "1", "--max-answer", "1"]  # MiB: the bounds are options
+        command += ["--key-env", "PROXY_KEY", "--max-request", "1", "--max-answer", "1"]  # MiB: the bounds are options
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert process.stdout.readline().startswith("orchard proxy on")
+            assert process.stdout.readline() == "clients send the key in $PROXY_KEY\n"
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            waiting = threading.Thread(target=lambda: httpx.post(url, json=CHAT, timeout=30), daemon=True)
+            call = lambda: httpx.post(url, json=CHAT, headers=KEYED, timeout=30)  # noqa: E731
+            waiting = threading.Thread(target=call, daemon=True)
             waiting.start()
             deadline = time.monotonic() + 10
             while not upstream.requests and time.monotonic() < deadline:  # the call is at the upstream
@@ -742,14 +783,16 @@ def test_a_killed_proxy_leaves_whole_records_and_its_run_interrupted(upstream, t
     """SIGKILL: no shutdown runs at all. The recording process still writes what it was handed,
     notices its proxy is gone, marks the run interrupted and ends."""
     home, port = tmp_path / "home", free_port()
-    env = {**os.environ, "ORCHARD_HOME": str(home)}
+    env = {**os.environ, "ORCHARD_HOME": str(home), "PROXY_KEY": KEY}
     env.pop("ORCHARD_DB_URL", None)
     command = [sys.executable, "-m", "orchard", "proxy", "--upstream", upstream.url, "--port", str(port)]
+    command += ["--key-env", "PROXY_KEY"]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert process.stdout.readline().startswith("orchard proxy on ")
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
         for _ in range(3):
-            assert httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=CHAT, timeout=10).status_code == 200
+            assert httpx.post(url, json=CHAT, headers=KEYED, timeout=10).status_code == 200
     finally:
         process.kill()
         process.wait()
@@ -864,12 +907,12 @@ def test_mini_swe_agent_with_litellm_is_recorded_whole_through_the_proxy_and_tra
         config = yaml.safe_load((builtin_config_dir / "benchmarks" / "swebench.yaml").read_text())
         with (
             upstream_serving(script) as upstream,
-            Proxy(upstream.url, port=0, store=store) as proxy,
+            Proxy(upstream.url, port=0, store=store, key=KEY) as proxy,
             client.create(image) as box,
         ):
             model = LitellmModel(
                 model_name=f"openai/{MODEL}",
-                model_kwargs={"api_base": proxy.tagged("mini", box.id), "api_key": "sk-local", "temperature": 0.0},
+                model_kwargs={"api_base": proxy.tagged("mini", box.id), "api_key": KEY, "temperature": 0.0},
             )
             environment = OrchardEnvironment(sandbox=box, cwd=task.workdir, env=config["environment"]["env"])
             agent = DefaultAgent(model, environment, **{**config["agent"], "cost_limit": 0})
@@ -949,8 +992,8 @@ AGENT_CLI = """
 import json, sys, urllib.request
 base = sys.argv[1]
 body = {"model": "%s", "stream": True, "messages": [{"role": "user", "content": "hello from the sandbox"}]}
-request = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
+request = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": "Bearer " + sys.argv[2]})
 text = ""
 with urllib.request.urlopen(request, timeout=30) as answer:
     for line in answer:
@@ -966,13 +1009,17 @@ def test_an_agent_cli_in_a_blocked_sandbox_reaches_the_proxy_through_the_agent_a
 ):
     """The paper's black-box harness: an agent's own loop runs inside the sandbox, its base URL on
     the sandbox's loopback; `Sandbox.expose` carries it to the proxy on the host, the network
-    staying blocked, and the conversation is recorded with the run and sandbox it belongs to."""
-    with Proxy(upstream.url, port=0, store=store, run="claw") as proxy, client.create(base_image) as box:
+    staying blocked, and the conversation is recorded with the run and sandbox of the key granted for
+    this attempt, whatever the path says; once revoked, the key opens nothing."""
+    with Proxy(upstream.url, port=0, store=store, key=KEY, run="claw") as proxy, client.create(base_image) as box:
         assert box.exec("python3 -c \"import socket; socket.create_connection(('10.0.0.1', 80), 2)\"").exit_code != 0
         box.write_file("/tmp/agent.py", AGENT_CLI % MODEL)
         with box.expose(8009, ("127.0.0.1", proxy.port)):
-            base = f"http://127.0.0.1:8009/t/claw/{box.id}/v1"
-            ran = box.exec(f"python3 /tmp/agent.py {base}", timeout=60)
+            key = proxy.keys.grant("claw", box.id)
+            ran = box.exec(f"python3 /tmp/agent.py http://127.0.0.1:8009/t/other/box-9/v1 {key}", timeout=60)
+            proxy.keys.revoke(key)
+            again = box.exec(f"python3 /tmp/agent.py http://127.0.0.1:8009/v1 {key}", timeout=60)
+        assert "HTTP Error 401" in again.stderr
         assert ran.exit_code == 0, ran.stderr
         assert ran.stdout.strip() == "turn 0: you said hello from the sandbox"  # the upstream's answer, streamed
         proxy.flush()

@@ -3,8 +3,8 @@
 Put it in front of any OpenAI-compatible model server (vLLM, SGLang, llama.cpp, a hosted API) and
 point a harness whose agent loop Orchard does not own (OpenClaw, ZeroClaw, mini-swe-agent) at it:
 
-    orchard proxy --upstream http://127.0.0.1:8000/v1 --run openclaw-day1
-    # the harness: OPENAI_BASE_URL=http://127.0.0.1:8009/t/openclaw-day1/sandbox-7/v1
+    orchard proxy --upstream http://127.0.0.1:8000/v1 --run openclaw-day1   # prints the key clients send
+    # the harness: OPENAI_BASE_URL=http://127.0.0.1:8009/t/openclaw-day1/sandbox-7/v1 OPENAI_API_KEY=that key
 
 Every `POST /v1/chat/completions` and `POST /v1/completions` goes to the upstream with its body
 unchanged, and its answer comes back unchanged (a stream relayed chunk by chunk as it arrives);
@@ -24,8 +24,11 @@ refused, a larger answer dropped and its call recorded failed, so memory stays b
 sandbox sends or an upstream answers; a stream that breaks, carries an error event or ends without
 its `[DONE]` is an error for the client and a failed call in the record.
 
-Not covered: the proxy has no authentication of its own (it binds loopback by default; anyone who
-reaches it spends the upstream's key); `/v1/completions` calls are recorded as calls, not grouped
+Every call needs the proxy's key (`--key-env`, else a new one printed at the start) or a key
+granted for one attempt, which binds its calls to that attempt's run and sandbox; no key a
+client sends is forwarded or stored.
+
+Not covered: `/v1/completions` calls are recorded as calls, not grouped
 into trajectories (a raw prompt has no messages); of an answer with several choices, the first
 one goes into the trajectory.
 

@@ -27,7 +27,7 @@ def proxy(
         str,
         typer.Option(
             metavar="ADDRESS",
-            help="Address to listen on. The proxy has no key of its own: whoever reaches it spends the upstream's.",
+            help="Address to listen on (whoever reaches it needs the proxy's key).",
         ),
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(metavar="PORT", min=1, max=65535, help="Port to listen on.")] = 8009,
@@ -36,6 +36,13 @@ def proxy(
         typer.Option(
             metavar="NAME",
             help="Environment variable holding the upstream's API key, sent in place of the client's Authorization.",
+        ),
+    ] = None,
+    key_env: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help="Environment variable holding the key clients must send; none: a new one, printed at the start.",
         ),
     ] = None,
     run: Annotated[
@@ -61,13 +68,10 @@ def proxy(
     from orchard.proxy.recorder import run_summary
     from orchard.proxy.server import Proxy
 
-    api_key = None
-    if api_key_env is not None:
-        api_key = os.environ.get(api_key_env)
-        if not api_key:
-            raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is not set")
+    api_key, key = _secret("--api-key-env", api_key_env), _secret("--key-env", key_env)
     server = Proxy(
         upstream,
+        key=key,
         host=host,
         port=port,
         api_key=api_key,
@@ -80,9 +84,21 @@ def proxy(
         f"orchard proxy on {server.url} -> {server.upstream}, recording run {server.run_id} "
         f"(tag calls with {server.tagged('RUN', 'SANDBOX')})"
     )
+    typer.echo(f"clients send the key {server.keys.key}" if key is None else f"clients send the key in ${key_env}")
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn has stopped, every call is written
         server.serve()
     figures = run_summary(server.run_id, server.recorder.store)
     typer.echo(
         f"stopped; run {server.run_id} holds {figures['calls']} calls, {figures['trajectories']} trajectories", err=True
     )
+
+
+def _secret(option: str, variable: str | None) -> str | None:
+    """The value of environment variable `variable` (None when not named): secrets never go on the
+    command line, which any user of the machine can read."""
+    if variable is None:
+        return None
+    value = os.environ.get(variable)
+    if not value:
+        raise ConfigError(f"{option} {variable}: that environment variable is not set")
+    return value

@@ -2,11 +2,13 @@
 nothing more) that forwards to the upstream, and `Proxy`, it running.
 
     with Proxy("http://127.0.0.1:8000/v1", port=0, store=store) as proxy:   # serves in a thread
-        OpenAI(base_url=proxy.tagged("my-run", "box-1")).chat.completions.create(...)
+        OpenAI(base_url=proxy.tagged("my-run", "box-1"), api_key=proxy.keys.key).chat.completions.create(...)
 
-Requests go out (through `upstream.Pool`) with their body and query unchanged and their headers
-less the hop-by-hop ones (the upstream's key from `api_key`, when given, replaces the client's
-Authorization); answers come back unchanged, less hop-by-hop headers. A streamed answer
+Every request must carry a key the proxy answers (`Keys`: its own, or one granted for an attempt,
+which binds the call to that attempt's run and sandbox), checked before its body is read; 401
+without one. Requests go out (through `upstream.Pool`) with their body and query unchanged and
+their headers less the hop-by-hop ones and every client key (the upstream's, `api_key`, when
+given, goes in their place); answers come back unchanged, less hop-by-hop headers. A streamed answer
 (`text/event-stream`) is relayed as the upstream sends it, never gathered first. What the proxy
 itself refuses (a bad tag, an unknown path: 400, 404; a request body over `max_request` bytes:
 413) and an upstream that cannot be reached (502), answers more than `max_answer` bytes (502) or
@@ -114,10 +116,56 @@ def _answered(content: bytes, status: int, headers: list[tuple[str, str]], kind:
     return response
 
 
+KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
+"""Where clients put their key: OpenAI's `Authorization: Bearer`, Anthropic's `x-api-key`, Azure's
+`api-key`. The proxy reads its own key there and forwards none of them."""
+
+
+class Keys:
+    """The keys the proxy answers: its own (any run and sandbox the path names), and keys granted
+    for one run and sandbox (an attempt's), which record every call under those, whatever the
+    path says, until revoked."""
+
+    def __init__(self, key: str):
+        self.key = key
+        self.granted: dict[str, tuple[str, str | None]] = {}
+
+    def grant(self, run: str, sandbox: str | None = None) -> str:
+        """A new key whose calls are recorded under `run` (and `sandbox`)."""
+        import secrets
+
+        check_tag(run, "run")
+        if sandbox is not None:
+            check_tag(sandbox, "sandbox")
+        key = "sk-orchard-" + secrets.token_urlsafe(24)
+        self.granted[key] = (run, sandbox)
+        return key
+
+    def revoke(self, key: str) -> None:
+        self.granted.pop(key, None)
+
+    def tags(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, str | None] | bool:
+        """For a request's headers: the tags its granted key binds it to, True for the proxy's own
+        key, False for none (or an unknown one)."""
+        import hmac
+
+        for name, value in headers:
+            if name.decode("latin-1").lower() not in KEY_HEADERS:
+                continue
+            sent = value.decode("latin-1").strip()
+            sent = sent[7:].strip() if sent[:7].lower() == "bearer " else sent
+            if hmac.compare_digest(sent.encode(), self.key.encode()):
+                return True
+            if sent in self.granted:
+                return self.granted[sent]
+        return False
+
+
 def create_app(
     upstream: str,
     recorder: Recorder,
     *,
+    keys: Keys,
     api_key: str | None = None,
     timeout: float = 600.0,
     max_request: int = MAX_BODY,
@@ -137,7 +185,7 @@ def create_app(
             await recorder.aclose()
 
     def headers_out(incoming: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-        dropped = HOP_BY_HOP | ({"authorization"} if api_key else set())
+        dropped = HOP_BY_HOP | KEY_HEADERS
         kept = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in incoming if k.decode("latin-1") not in dropped]
         kept.append(("accept-encoding", "identity"))  # bodies are read for the record: plain, not compressed
         if api_key:
@@ -145,10 +193,19 @@ def create_app(
         return kept
 
     async def forward(request: Request) -> Response:
+        allowed = keys.tags(request.headers.raw)  # before a byte of the body is read
+        if allowed is False:
+            return _error(
+                401,
+                "no valid key: send the proxy's key as Authorization: Bearer KEY (or x-api-key)",
+                "authentication_error",
+            )
         try:
             run, sandbox, api = parse_target(request.url.path, recorder.default_run)
         except InvalidRequest as exc:
             return _error(400, str(exc), "invalid_request_error")
+        if allowed is not True:  # an attempt's key: its own tags, whatever the path says
+            run, sandbox = allowed
         recorded = request.method == "POST" and api in RECORDED
         if not recorded and not (request.method == "GET" and _models(api)):
             return _error(404, f"orchard proxy does not forward {request.method} {api}", "invalid_request_error")
@@ -287,7 +344,12 @@ class Proxy:
         timeout: float = 600.0,
         max_request: int = MAX_BODY,
         max_answer: int = MAX_BODY,
+        key: str | None = None,
     ):
+        """`key`: what clients must send (a new random one when none is given: `self.keys.key`);
+        `api_key`: the upstream's, sent in its place."""
+        import secrets
+
         import uvicorn
 
         try:
@@ -303,8 +365,15 @@ class Proxy:
         except BaseException:
             self.socket.close()
             raise
+        self.keys = Keys(key or "sk-orchard-" + secrets.token_urlsafe(24))
         app = create_app(
-            upstream, self.recorder, api_key=api_key, timeout=timeout, max_request=max_request, max_answer=max_answer
+            upstream,
+            self.recorder,
+            keys=self.keys,
+            api_key=api_key,
+            timeout=timeout,
+            max_request=max_request,
+            max_answer=max_answer,
         )
         config = uvicorn.Config(
             app,
