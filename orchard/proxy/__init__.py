@@ -19,7 +19,7 @@ trajectory (`orchard.proxy.recorder`). Recording happens in a process of its own
 transaction per call, so the proxy adds little latency (bench/proxy.py) and an interrupted proxy
 leaves whole records only.
 
-Bodies are bounded (32 MiB by default, `--max-request`, `--max-answer`): a larger request is
+Bodies are bounded (32 MiB a request, 16 MiB an answer by default: `--max-request`, `--max-answer`): a larger request is
 refused, a larger answer dropped and its call recorded failed, so memory stays bounded whatever a
 sandbox sends or an upstream answers; a stream that breaks, carries an error event or ends without
 its `[DONE]` is an error for the client and a failed call in the record.
@@ -38,5 +38,7 @@ one goes into the trajectory.
     └── cli.py        the `orchard proxy` command
 """
 
-MAX_MIB = 32
-"""The default bound on a request's body and on an answer's, in MiB (a long context is a few MB)."""
+MAX_REQUEST_MIB = 32
+"""The default bound on a request's body, in MiB (a long context, images included, is a few MB)."""
+MAX_ANSWER_MIB = 16
+"""The default bound on an answer's body, in MiB (a 32k-token stream with log-probs is a few MB)."""

@@ -13,7 +13,7 @@ import typer
 
 from orchard.clikit import command, group
 from orchard.errors import ConfigError
-from orchard.proxy import MAX_MIB
+from orchard.proxy import MAX_ANSWER_MIB, MAX_REQUEST_MIB
 
 app = group("The recording proxy for model servers.")
 
@@ -57,10 +57,10 @@ def proxy(
     ] = 600.0,
     max_request: Annotated[
         int, typer.Option(metavar="MIB", min=1, help="Refuse (413) a request whose body is larger.")
-    ] = MAX_MIB,
+    ] = MAX_REQUEST_MIB,
     max_answer: Annotated[
         int, typer.Option(metavar="MIB", min=1, help="Drop an answer that is larger (an error for the client).")
-    ] = MAX_MIB,
+    ] = MAX_ANSWER_MIB,
 ) -> None:
     """Forward OpenAI-compatible calls to a model server, recording every call and conversation.
 

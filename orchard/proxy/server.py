@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from orchard.errors import ConfigError, InvalidRequest
-from orchard.proxy import MAX_MIB
+from orchard.proxy import MAX_ANSWER_MIB, MAX_REQUEST_MIB
 from orchard.proxy.recorder import Call, Recorder, run_id_of
 from orchard.proxy.upstream import Answer, Pool, TimedOut, TooLarge, Unreachable, UpstreamError
 from orchard.store import Store
@@ -58,7 +58,6 @@ ANSWER_DROPPED = HOP_BY_HOP | {"date", "server"}
 """Upstream answer headers not passed on (uvicorn sends its own date and server)."""
 GRACE_SECONDS = 1
 """At Ctrl-C or SIGTERM, how long answers still streaming may take to finish."""
-MAX_BODY = MAX_MIB << 20
 
 
 def check_tag(value: str, what: str) -> str:
@@ -168,8 +167,8 @@ def create_app(
     keys: Keys,
     api_key: str | None = None,
     timeout: float = 600.0,
-    max_request: int = MAX_BODY,
-    max_answer: int = MAX_BODY,
+    max_request: int = MAX_REQUEST_MIB << 20,
+    max_answer: int = MAX_ANSWER_MIB << 20,
 ) -> Starlette:
     """The proxy as an ASGI app; it closes `recorder` when it shuts down (so a SIGTERM still
     leaves every answered call written)."""
@@ -273,7 +272,7 @@ async def _relay(answer: Answer, call: Any, recorder: Recorder | None, limit: in
     """The upstream's chunks as they come, at most `limit` bytes of them. The call is handed to the
     recorder before the chunk holding `[DONE]` is passed on, so a client's next request finds this
     one recorded first; a stream that fails is recorded failed and ends with an error event."""
-    chunks: list[bytes] = []
+    whole = bytearray()  # one buffer, not pieces and their join: memory stays near `limit`
     size, tail, error, ended, recorded = 0, b"", None, False, recorder is None
     try:
         async for chunk in answer.chunks():
@@ -281,7 +280,7 @@ async def _relay(answer: Answer, call: Any, recorder: Recorder | None, limit: in
             if size > limit:
                 error = f"the upstream's answer is over the proxy's limit of {limit} bytes"
                 break
-            chunks.append(chunk)
+            whole += chunk
             seen = tail + chunk
             if b'data: {"error"' in seen:
                 error = "the upstream sent an error in its stream"
@@ -289,7 +288,8 @@ async def _relay(answer: Answer, call: Any, recorder: Recorder | None, limit: in
                 ended = True
                 if not recorded and error is None:
                     recorded = True
-                    recorder.submit(call(answer.status, b"".join(chunks), True))  # type: ignore[union-attr]
+                    recorder.submit(call(answer.status, bytes(whole), True))  # type: ignore[union-attr]
+                    whole = bytearray()  # what follows [DONE] is not recorded
             tail = chunk[-16:]
             yield chunk
         if not ended and error is None:
@@ -302,7 +302,7 @@ async def _relay(answer: Answer, call: Any, recorder: Recorder | None, limit: in
     finally:
         answer.aclose()
         if not recorded:
-            recorder.submit(call(answer.status, b"".join(chunks), True, error))  # type: ignore[union-attr]
+            recorder.submit(call(answer.status, bytes(whole), True, error))  # type: ignore[union-attr]
     if error is not None and not ended:
         yield _stream_error(error)
 
@@ -342,8 +342,8 @@ class Proxy:
         run: str = "default",
         store: Store | None = None,
         timeout: float = 600.0,
-        max_request: int = MAX_BODY,
-        max_answer: int = MAX_BODY,
+        max_request: int = MAX_REQUEST_MIB << 20,
+        max_answer: int = MAX_ANSWER_MIB << 20,
         key: str | None = None,
     ):
         """`key`: what clients must send (a new random one when none is given: `self.keys.key`);
