@@ -360,13 +360,15 @@ class Recorder:
             return False
         if not self._process.is_alive():
             return False
-        frame = _frame(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
+        data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+        pieces = (len(data).to_bytes(8, "big"), data)  # `_frame`'s, without a second copy of a long answer
         if self._transport is None:
-            _write_all(self._send.fileno(), frame)
+            for piece in pieces:
+                _write_all(self._send.fileno(), piece)
         elif threading.get_ident() == self._thread:
-            self._transport.write(frame)
-        else:
-            self._loop.call_soon_threadsafe(self._transport.write, frame)
+            _write_to(self._transport, pieces)
+        else:  # both pieces in one callback: frames never interleave
+            self._loop.call_soon_threadsafe(_write_to, self._transport, pieces)
         return True
 
     def flush(self) -> None:
@@ -424,6 +426,11 @@ def _widen(fd: int) -> None:
 
     with contextlib.suppress(OSError, AttributeError):
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 2**20)
+
+
+def _write_to(transport: Any, pieces: tuple[bytes, ...]) -> None:
+    for piece in pieces:
+        transport.write(piece)
 
 
 def _write_all(fd: int, data: bytes) -> None:

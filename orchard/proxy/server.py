@@ -287,9 +287,9 @@ async def _relay(answer: Answer, call: Any, recorder: Recorder | None, limit: in
             if not ended and b"[DONE]" in seen:
                 ended = True
                 if not recorded and error is None:
-                    recorded = True
-                    recorder.submit(call(answer.status, bytes(whole), True))  # type: ignore[union-attr]
-                    whole = bytearray()  # what follows [DONE] is not recorded
+                    recorded, data, whole = True, bytes(whole), bytearray()  # what follows [DONE] is not recorded
+                    recorder.submit(call(answer.status, data, True))  # type: ignore[union-attr]
+                    del data
             tail = chunk[-16:]
             yield chunk
         if not ended and error is None:
@@ -302,7 +302,9 @@ async def _relay(answer: Answer, call: Any, recorder: Recorder | None, limit: in
     finally:
         answer.aclose()
         if not recorded:
-            recorder.submit(call(answer.status, bytes(whole), True, error))  # type: ignore[union-attr]
+            data, whole = bytes(whole), bytearray()  # one copy alive at a time
+            recorder.submit(call(answer.status, data, True, error))  # type: ignore[union-attr]
+            del data
     if error is not None and not ended:
         yield _stream_error(error)
 
