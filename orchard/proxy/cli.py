@@ -35,7 +35,7 @@ def proxy(
         str | None,
         typer.Option(
             metavar="NAME",
-            help="Environment variable holding the upstream's API key, sent in place of the client's Authorization.",
+            help="Environment variable holding the upstream's API key, sent as its Authorization (no client key is).",
         ),
     ] = None,
     key_env: Annotated[
