@@ -453,11 +453,15 @@ def write_report(config: RecipeConfig, summary: dict[str, Any], trained: Sequenc
             lines.append(
                 f"| {label} | {harness} | {c['change']:+.1%} | {c['low']:+.1%} to {c['high']:+.1%} | {c['n']} |"
             )
-    lines += ["", f"The value model's pick among the {config.eval.samples} samples of each task (last checkpoint)"]
+    filtered = any("non_empty" in r for r in evaluated["rerank"].values())
     lines += [
-        "(never an empty submission where one always fails; `non-empty`: a sample drawn from the rest):"
-        if any("non_empty" in r for r in evaluated["rerank"].values())
-        else "",
+        "",
+        f"The value model's pick among the {config.eval.samples} samples of each task (last checkpoint)"
+        + (
+            " (never an empty submission where one always fails; `non-empty`: a sample drawn from the rest):"
+            if filtered
+            else ":"
+        ),
         "",
         "| harness | one sample | non-empty | reranked | oracle pass@k | tasks |",
         "|---|---:|---:|---:|---:|---:|",
