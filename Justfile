@@ -21,6 +21,10 @@ images:
     orchard image build-base
     orchard image build-busybox
 
+# the agent CLIs (codex, claude, opencode, pi, hermes, mini) in a bundle any sandbox mounts, from npm and PyPI, cached
+tools:
+    orchard image build-tools
+
 # llama.cpp's server and GGUF converter, built once from PyPI's llama-cpp-python sources (for `llama:` models)
 llama:
     orchard model llama-server
@@ -30,7 +34,7 @@ learning: images llama
     python bench/learning.py
 
 # the test suite (CI runs exactly this through .ci/run); `just test tests/AREA` runs one area
-test *ARGS: images llama
+test *ARGS: images llama tools
     pytest -n 3 --dist loadfile -p no:cacheprovider {{ARGS}}
 
 # the inner loop: the tests that need no container, no API server and no pretrained model (under 90 s)

@@ -341,7 +341,7 @@ def test_registries_take_a_name_or_a_full_import_path(tmp_path):
     assert isinstance(backend_config("orchard.env.backends.docker:DockerConfig"), DockerConfig)
     with pytest.raises(
         ConfigError,
-        match=r"unknown harness 'vim': use bash, tools, cli, functions, assistant, react, computer, bid, module:Class or path/file.py:Class",
+        match=r"unknown harness 'vim': use bash, tools, cli, codex, claude, opencode, pi, hermes, mini, functions, assistant, react, computer, bid, module:Class or path/file.py:Class",
     ):
         harness_factory("vim")
     with pytest.raises(ConfigError, match=r"unknown backend 'k8s': use docker, kubernetes or module:Class$"):

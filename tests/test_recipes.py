@@ -19,13 +19,14 @@ from orchard.tasks.kinds import KINDS
 from orchard.tasks.loading import FOLDERS, SCHEMES
 
 ROOT = Path(__file__).resolve().parents[1]
+CLIS = ["codex", "claude", "opencode", "pi", "hermes", "mini"]
 runner = CliRunner()
 
 
 def test_the_shared_tables_are_the_recipes():
     assert list(recipes()) == ["swe", "claw", "gui"]
     assert list(KINDS) == ["swe", "claw", "claw-eval", "gui", "miniwob"]
-    assert list(HARNESSES) == ["bash", "tools", "cli", "functions", "assistant", "react", "computer", "bid"]
+    assert list(HARNESSES) == ["bash", "tools", "cli", *CLIS, "functions", "assistant", "react", "computer", "bid"]
     assert FOLDERS == {"claw-eval": "orchard.recipes.claw.claweval:read_folder"}
     assert SCHEMES == {"miniwob": "orchard.recipes.gui.miniwob:read_spec"}
     assert recipe_of_kind("claw-eval") is recipe("claw") and recipe_of_kind("my.module:Task") is None

@@ -1,8 +1,9 @@
 """Harnesses (the interface a model works through), models, and the agent loop.
 
-Eight harnesses ship: for software tasks `bash` (one fenced shell command per turn), `tools`
+Fourteen harnesses ship: for software tasks `bash` (one fenced shell command per turn), `tools`
 (function calling with a file editor), `cli` (a coding CLI's tools, ending on a plain-text
-answer); for assistant tasks (`claw`) `functions` (each service endpoint a tool), `assistant`
+answer), and the agent CLIs labs use, run unmodified in the sandbox with the attempt's model
+behind them (`codex`, `claude`, `opencode`, `pi`, `hermes`, `mini`: `orchard.agents.clis`); for assistant tasks (`claw`) `functions` (each service endpoint a tool), `assistant`
 (shell, files, HTTP by URL, memory) and `react` (a text protocol, no tool schemas); for browser
 tasks (`gui`, `miniwob`) `computer` (screenshots, 13 tools on a 0-1000 grid) and `bid` (the page
 as text, elements by id). `HARNESSES` names them (each recipe lists its own: `orchard.recipes`);

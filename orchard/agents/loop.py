@@ -113,7 +113,13 @@ def run_episode(
     on_step: Callable[[int, Sandbox, Episode], object] | None = None,
 ) -> Episode:
     """Let `model` work `task` in `box` (a fresh sandbox of the task's image) through `harness`;
-    `on_step(index, box, episode)` runs after each step (credit by replay measures progress there)."""
+    `on_step(index, box, episode)` runs after each step (credit by replay measures progress there).
+    A harness that runs an agent program of its own (a coding CLI: `orchard.agents.external`)
+    drives the episode itself."""
+    drive = getattr(harness, "drive", None)
+    if drive is not None:
+        episode: Episode = drive(task, model, box, model_name=model_name, limits=limits, on_step=on_step)
+        return episode
     public = {**task.public(), "prompt": task.prompt()}
     messages: list[Message] = [
         {"role": "system", "content": harness.system_prompt(public)},

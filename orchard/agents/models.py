@@ -74,6 +74,9 @@ class Model(Protocol):
 class ScriptedSession:
     """Replays steps, each written in the harness's own format; submits when they run out."""
 
+    replays = True
+    """It plays an agent's turns only: a CLI's side calls (a title, a summary) are not its to answer."""
+
     def __init__(self, steps: list[Step], harness: Harness):
         self.steps, self.harness, self.index = steps, harness, 0
 
@@ -136,6 +139,8 @@ class RecordedModel:
 
 
 class _ReplaySession:
+    replays = True
+
     def __init__(self, replies: list[Reply], harness: Harness):
         self.replies, self.harness, self.index = replies, harness, 0
 

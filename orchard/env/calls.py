@@ -898,6 +898,8 @@ def _sandbox_body(spec: SandboxSpec) -> dict[str, Any]:
     if spec.init is not None:
         body["init"] = spec.init
         body["init_timeout"] = spec.init_timeout
+    if spec.tools:
+        body["tools"] = True
     return body
 
 

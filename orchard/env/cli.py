@@ -339,6 +339,39 @@ def image_build_agent(
     typer.echo(images.build_agent(tag, force=force))
 
 
+@command(image_app, "build-tools")
+def image_build_tools(
+    injector: Annotated[
+        bool,
+        typer.Option(
+            "--injector", help="Also build the Kubernetes injector image of the bundle (orchard/tools:VERSION)."
+        ),
+    ] = False,
+    tag: Annotated[
+        str | None, typer.Option(metavar="TAG", help="Tag of the injector image (default orchard/tools:VERSION).")
+    ] = None,
+) -> None:
+    """Build the agent CLIs' bundle (codex, claude, opencode, pi, hermes, mini) from the npm registry and PyPI.
+
+    Pinned in orchard/env/tools.toml and cached (minutes the first time); sandboxes created with
+    tools=True get it read-only at /.orchard-tools, whatever their image holds.
+    """
+    from orchard.env import tools
+
+    bundle = tools.build_tools(log=lambda line: typer.echo(line, err=True))
+    manifest = bundle.manifest
+    typer.echo(
+        f"{bundle.path}: {bundle.size() / 2**30:.2f} GiB, mounted at {tools.TOOLS_MOUNT} (built in {manifest['build_seconds']:.0f} s)"
+    )
+    for name, tool in manifest["tools"].items():
+        commands = " ".join(f"{tools.TOOLS_BIN}/{c}" for c in tool["commands"])
+        typer.echo(f"{name:<9} {tool['version']:<9} {tool['registry']:<5} {tool['package']:<30} {commands}")
+    typer.echo(f"{'node':<9} {manifest['node']:<9} npm   {manifest['node_package']:<30} {tools.TOOLS_BIN}/node")
+    typer.echo(f"{'python':<9} {manifest['python']:<9} host  {'CPython':<30} {tools.TOOLS_BIN}/python3")
+    if injector:
+        typer.echo(tools.build_tools_image(tag, tools=bundle))
+
+
 @command(image_app, "build")
 def image_build(
     name: Annotated[str, typer.Argument(metavar="NAME", help=f"The image: {', '.join(IMAGES | merged('images'))}.")],

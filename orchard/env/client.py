@@ -1069,7 +1069,8 @@ class Client:
     ) -> Sandbox:
         """Start a sandbox from `image` and return it once its agent answers; `options` are
         `SandboxOptions` (`network`, `cpu`, `memory`, `disk`, `tmpfs`, `ttl`, `env`, `run_id`,
-        `init`, `init_timeout`; `orchard.env.backends.base`).
+        `init`, `init_timeout`, `tools`; `orchard.env.backends.base`). With `tools=True` the agent
+        CLIs (`orchard image build-tools`) are mounted read-only at `/.orchard-tools`.
 
         With `keep`, the sandbox outlives this client (service mode only; it is still reaped at
         its TTL). With `init`, that shell command runs once in the sandbox before it is returned

@@ -53,6 +53,7 @@ def pool_key(spec: SandboxSpec) -> PoolKey:
         spec.workdir,
         tuple(sorted(spec.env.items())),
         spec.init,
+        spec.tools,
     )
 
 

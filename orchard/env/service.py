@@ -177,6 +177,9 @@ class CreateSandbox(Body):
     init_timeout: float = Field(
         default=60.0, gt=0, le=MAX_INIT_TIMEOUT, allow_inf_nan=False, description="Extension: seconds `init` may run."
     )
+    tools: bool = Field(
+        default=False, description="Extension: mount the agent CLIs' bundle read-only at /.orchard-tools."
+    )
 
     @field_validator("cpu")
     @classmethod
@@ -742,6 +745,7 @@ def spec_of(body: CreateSandbox) -> SandboxSpec:
         run_id=body.run_id,
         init=body.init,
         init_timeout=body.init_timeout,
+        tools=body.tools,
     )
     cpu = min(parse_cpu(body.cpu), float(os.cpu_count() or 1))
     return dataclasses.replace(spec, cpu=cpu, memory_bytes=min(parse_memory(body.memory) or 0, host_memory()))

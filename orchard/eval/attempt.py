@@ -79,7 +79,8 @@ def played(
     """`model` works `task` under `harness` (a name) in a fresh sandbox, deleted afterwards."""
     worker = harness_factory(harness)()
     session = _Noted(model.session(task, worker))
-    with task_sandbox(client, task, image) as box:
+    tools = {"tools": True} if getattr(worker, "tools_bundle", False) else {}  # a CLI from the tools bundle
+    with task_sandbox(client, task, image, **tools) as box:
         episode = run_episode(
             task, worker, session, box, model_name=model.name, limits=limits or Limits(), on_step=on_step
         )

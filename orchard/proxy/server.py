@@ -17,7 +17,17 @@ stays silent past the timeout (504) get an OpenAI-style error,
 passes through as it sent it. A stream that breaks off, goes over `max_answer`, carries an error
 event or ends without its `[DONE]` ends for the client with an error event (the OpenAI client
 raises it) and is recorded as a failed call: never as a clean one. So memory stays bounded by
-the limits, whatever a sandbox sends or an upstream answers."""
+the limits, whatever a sandbox sends or an upstream answers.
+
+Two other APIs are spoken over the same upstream (`translate`): a call to `POST /v1/messages`
+(Anthropic's Messages API) or `POST /v1/responses` (OpenAI's Responses API), tagged or not,
+becomes the chat call it means, which goes to the upstream's `/v1/chat/completions` and is
+recorded exactly as a native chat call (same key handling, bounds, timeouts and failures; the
+client's query, such as Claude Code's `?beta=true`, is not forwarded). Its answer is translated
+back: whole, or a stream event by event as the upstream's chunks arrive (`_relay` through the
+translator), and every error, the proxy's own and the upstream's, in the client's API's shape
+(Anthropic's `{"type": "error", "error": {...}}` and its `error` event; the Responses API's
+`response.failed`). `POST /v1/messages/count_tokens` gets an estimate, the upstream not asked."""
 
 from __future__ import annotations
 
@@ -37,8 +47,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from orchard.errors import ConfigError, InvalidRequest
-from orchard.proxy import MAX_ANSWER_MIB, MAX_REQUEST_MIB
-from orchard.proxy.recorder import Call, Recorder, run_id_of
+from orchard.proxy import MAX_ANSWER_MIB, MAX_REQUEST_MIB, translate
+from orchard.proxy.recorder import CHAT, Call, Recorder, run_id_of
 from orchard.proxy.upstream import Answer, Pool, TimedOut, TooLarge, Unreachable, UpstreamError
 from orchard.store import Store
 
@@ -48,6 +58,8 @@ TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """A run or sandbox tag: a safe id."""
 RECORDED = {"/v1/chat/completions", "/v1/completions"}
 """The POST paths forwarded and recorded; `GET /v1/models[/ID]` is forwarded only."""
+TRANSLATED = {translate.MESSAGES, translate.RESPONSES}
+"""The POST paths of the other APIs: each call translated to a chat call, forwarded and recorded as one."""
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers"}
     | {"transfer-encoding", "upgrade", "content-length", "host", "accept-encoding"}
@@ -104,7 +116,10 @@ def _models(api: str) -> bool:
     return api.startswith("/v1/models/") and all(part not in ("", ".", "..") for part in model)
 
 
-def _error(status: int, message: str, kind: str) -> Response:
+def _error(status: int, message: str, kind: str, dialect: str | None = None) -> Response:
+    """The proxy's own error, in the shape of the client's API (`translate.dialect`)."""
+    if dialect is not None:
+        return JSONResponse(translate.error_body(dialect, status, message, kind), status_code=status)
     return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
 
 
@@ -128,20 +143,38 @@ class Keys:
     def __init__(self, key: str):
         self.key = key
         self.granted: dict[str, tuple[str, str | None]] = {}
+        self.routes: dict[str, str] = {}
+        """A granted key's path on the upstream, where it has one of its own."""
 
-    def grant(self, run: str, sandbox: str | None = None) -> str:
-        """A new key whose calls are recorded under `run` (and `sandbox`)."""
+    def grant(self, run: str, sandbox: str | None = None, *, route: str | None = None) -> str:
+        """A new key whose calls are recorded under `run` (and `sandbox`), and go to the upstream
+        under the path prefix `/route` when given (an attempt's own model: `orchard.agents.external`)."""
         import secrets
 
         check_tag(run, "run")
         if sandbox is not None:
             check_tag(sandbox, "sandbox")
+        if route is not None:
+            check_tag(route, "route")
         key = "sk-orchard-" + secrets.token_urlsafe(24)
         self.granted[key] = (run, sandbox)
+        if route is not None:
+            self.routes[key] = route
         return key
+
+    def route(self, headers: list[tuple[bytes, bytes]]) -> str:
+        """The upstream path prefix of a request's granted key ('' for none)."""
+        for name, value in headers:
+            if name.decode("latin-1").lower() in KEY_HEADERS:
+                sent = value.decode("latin-1").strip()
+                sent = sent[7:].strip() if sent[:7].lower() == "bearer " else sent
+                if sent in self.routes:
+                    return "/" + self.routes[sent]
+        return ""
 
     def revoke(self, key: str) -> None:
         self.granted.pop(key, None)
+        self.routes.pop(key, None)
 
     def tags(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, str | None] | bool:
         """For a request's headers: the tags its granted key binds it to, True for the proxy's own
@@ -192,9 +225,14 @@ def create_app(
         return kept
 
     async def forward(request: Request) -> Response:
+        dialect = translate.dialect(request.url.path)
+
+        def refuse(status: int, message: str, kind: str) -> Response:
+            return _error(status, message, kind, dialect)
+
         allowed = keys.tags(request.headers.raw)  # before a byte of the body is read
         if allowed is False:
-            return _error(
+            return refuse(
                 401,
                 "no valid key: send the proxy's key as Authorization: Bearer KEY (or x-api-key)",
                 "authentication_error",
@@ -202,15 +240,27 @@ def create_app(
         try:
             run, sandbox, api = parse_target(request.url.path, recorder.default_run)
         except InvalidRequest as exc:
-            return _error(400, str(exc), "invalid_request_error")
+            return refuse(400, str(exc), "invalid_request_error")
         if allowed is not True:  # an attempt's key: its own tags, whatever the path says
             run, sandbox = allowed
-        recorded = request.method == "POST" and api in RECORDED
-        if not recorded and not (request.method == "GET" and _models(api)):
-            return _error(404, f"orchard proxy does not forward {request.method} {api}", "invalid_request_error")
+        post = request.method == "POST"
+        recorded = post and (api in RECORDED or api in TRANSLATED)
+        counted = post and api == translate.COUNT_TOKENS
+        if not (recorded or counted or (request.method == "GET" and _models(api))):
+            return refuse(404, f"orchard proxy does not forward {request.method} {api}", "invalid_request_error")
         body = await _bounded_body(request, max_request)
         if body is None:
-            return _error(413, f"the request's body is over the proxy's limit of {max_request} bytes", "too_large")
+            return refuse(413, f"the request's body is over the proxy's limit of {max_request} bytes", "too_large")
+        query = request.url.query
+        translation = None
+        try:
+            if counted:  # an estimate, the upstream not asked
+                return JSONResponse(translate.count_tokens(body))
+            if api in TRANSLATED:  # recorded and forwarded as the chat call it becomes
+                translation = translate.translated(api, body)
+                api, body, query = CHAT, translation.body(), ""
+        except InvalidRequest as exc:
+            return refuse(400, str(exc), "invalid_request_error")
         started, clock = time.time(), time.perf_counter()
 
         def call(status: int | None, answer: bytes, stream: bool, error: str | None = None) -> Call:
@@ -219,21 +269,21 @@ def create_app(
         def failed(status: int, exc: Exception, kind: str) -> Response:
             if recorded:
                 recorder.submit(call(None, b"", False, str(exc)))
-            return _error(status, str(exc), kind)
+            return refuse(status, str(exc), kind)
 
-        query = request.url.query
         try:
-            answer = await pool.request(
-                request.method, api + (f"?{query}" if query else ""), headers_out(request.headers.raw), body
-            )
+            target = keys.route(request.headers.raw) + api + (f"?{query}" if query else "")
+            answer = await pool.request(request.method, target, headers_out(request.headers.raw), body)
         except InvalidRequest as exc:
-            return _error(400, str(exc), "invalid_request_error")
+            return refuse(400, str(exc), "invalid_request_error")
         except TimedOut as exc:
             return failed(504, exc, "upstream_timeout")
         except Unreachable as exc:
             return failed(502, exc, "upstream_unreachable")
-        if answer.header("content-type").startswith("text/event-stream") and answer.status < 400:
-            relayed = _relay(answer, call, recorder if recorded else None, max_answer)
+        streamed = answer.header("content-type").startswith("text/event-stream") and answer.status < 400
+        if streamed and (translation is None or translation.stream):
+            events = translation.events() if translation is not None else None
+            relayed = _relay(answer, call, recorder if recorded else None, max_answer, events)
             return _answered(relayed, answer.status, answer.headers, StreamingResponse)  # type: ignore[arg-type]
         try:
             content = await answer.read(max_answer)
@@ -244,7 +294,10 @@ def create_app(
         finally:
             answer.aclose()
         if recorded:
-            recorder.submit(call(answer.status, content, False))
+            recorder.submit(call(answer.status, content, streamed))
+        if translation is not None:
+            status, content, kind = translation.respond(answer.status, content, streamed)
+            return Response(content, status_code=status, media_type=kind)
         return _answered(content, answer.status, answer.headers)
 
     return Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])], lifespan=lifespan)
@@ -268,10 +321,13 @@ def _stream_error(message: str) -> bytes:
     return b"data: " + json.dumps({"error": {"message": message, "type": "upstream_error"}}).encode() + b"\n\n"
 
 
-async def _relay(answer: Answer, call: Any, recorder: Recorder | None, limit: int) -> AsyncIterator[bytes]:
-    """The upstream's chunks as they come, at most `limit` bytes of them. The call is handed to the
-    recorder before the chunk holding `[DONE]` is passed on, so a client's next request finds this
-    one recorded first; a stream that fails is recorded failed and ends with an error event."""
+async def _relay(
+    answer: Answer, call: Any, recorder: Recorder | None, limit: int, events: translate.Events | None = None
+) -> AsyncIterator[bytes]:
+    """The upstream's chunks as they come, at most `limit` bytes of them (through `events`, for a
+    client of another API: its events for them). The call is handed to the recorder before the chunk
+    holding `[DONE]` is passed on, so a client's next request finds this one recorded first; a
+    stream that fails is recorded failed and ends with an error event."""
     whole = bytearray()  # one buffer, not pieces and their join: memory stays near `limit`
     size, tail, error, ended, recorded = 0, b"", None, False, recorder is None
     try:
@@ -291,7 +347,9 @@ async def _relay(answer: Answer, call: Any, recorder: Recorder | None, limit: in
                     recorder.submit(call(answer.status, data, True))  # type: ignore[union-attr]
                     del data
             tail = chunk[-16:]
-            yield chunk
+            out = chunk if events is None else events.feed(chunk)
+            if out:
+                yield out
         if not ended and error is None:
             error = "the upstream's stream ended before its [DONE]"
     except UpstreamError as exc:
@@ -306,7 +364,7 @@ async def _relay(answer: Answer, call: Any, recorder: Recorder | None, limit: in
             recorder.submit(call(answer.status, data, True, error))  # type: ignore[union-attr]
             del data
     if error is not None and not ended:
-        yield _stream_error(error)
+        yield _stream_error(error) if events is None else events.fail(error)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -330,6 +388,28 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class Unrecorded(Recorder):
+    """A recorder that keeps nothing (`Proxy(record=False)`)."""
+
+    def __init__(self, run: str):  # no store, no process
+        self.default_run = run
+
+    async def attach(self) -> None:
+        pass
+
+    def submit(self, call: Call) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
 class Proxy:
     """The proxy, its socket bound and its store open: `serve()` runs it in this thread until
     Ctrl-C or `stop()`; as a context manager it serves in a thread, stopped when the block ends."""
@@ -347,9 +427,11 @@ class Proxy:
         max_request: int = MAX_REQUEST_MIB << 20,
         max_answer: int = MAX_ANSWER_MIB << 20,
         key: str | None = None,
+        record: bool = True,
     ):
         """`key`: what clients must send (a new random one when none is given: `self.keys.key`);
-        `api_key`: the upstream's, sent in its place."""
+        `api_key`: the upstream's, sent in its place; `record=False`: no record of calls (its
+        callers keep their own: an attempt's episode)."""
         import secrets
 
         import uvicorn
@@ -363,7 +445,7 @@ class Proxy:
         self.socket = listening_socket(host, port)
         self.host, self.port = host, self.socket.getsockname()[1]
         try:
-            self.recorder = Recorder(store, run).start()
+            self.recorder = Recorder(store, run).start() if record else Unrecorded(run)
         except BaseException:
             self.socket.close()
             raise
@@ -412,10 +494,14 @@ class Proxy:
         """Wait until every call answered so far is in the store."""
         self.recorder.flush()
 
-    def __enter__(self) -> Proxy:
+    def start(self) -> Proxy:
+        """Serve in a thread of its own (a daemon: it ends with the process unless stopped)."""
         self._thread = threading.Thread(target=self.serve, name="orchard-proxy", daemon=True)
         self._thread.start()
         return self
+
+    def __enter__(self) -> Proxy:
+        return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

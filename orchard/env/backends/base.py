@@ -81,6 +81,9 @@ class SandboxSpec:
     sandbox. Specs with different inits are different pools."""
     init_timeout: float = 60.0
     """Seconds `init` may run before it is killed, and the sandbox failed."""
+    tools: bool = False
+    """Mount the agent CLIs' bundle (`orchard.env.tools`, `orchard image build-tools`) read-only at
+    `/.orchard-tools`; built on first use when missing (minutes)."""
 
 
 MAX_INIT = 16 * 1024
@@ -274,6 +277,8 @@ class SandboxOptions(TypedDict, total=False):
     """A shell command run once before the sandbox is handed out (a warm pool's sandboxes ran it)."""
     init_timeout: float
     """Seconds `init` may run (60)."""
+    tools: bool
+    """Mount the agent CLIs (codex, claude, opencode, pi, hermes, mini) read-only at `/.orchard-tools`."""
 
 
 def make_spec(
@@ -289,6 +294,7 @@ def make_spec(
     run_id: str | None = None,
     init: str | None = None,
     init_timeout: float = 60.0,
+    tools: bool = False,
 ) -> SandboxSpec:
     """Validate what a user asks for (SDK arguments, a service request: `SandboxOptions`) into a
     spec, one clear error per mistake. The defaults here are every entry point's."""
@@ -304,7 +310,7 @@ def make_spec(
         if (
             not isinstance(path, str)
             or not path.startswith("/")
-            or path.rstrip("/") in ("", "/.orchard", "/.orchard-run")
+            or path.rstrip("/") in ("", "/.orchard", "/.orchard-run", "/.orchard-tools")
         ):
             raise InvalidRequest(f"tmpfs path {path!r} must be an absolute folder other than / and Orchard's own")
         if size is None:
@@ -322,6 +328,7 @@ def make_spec(
         run_id=run_id,
         init=init,
         init_timeout=float(init_timeout),
+        tools=bool(tools),
     )
 
 

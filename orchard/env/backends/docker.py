@@ -4,8 +4,9 @@ Each sandbox is one container of an unmodified image. The exec agent is injected
 in: the agent bundle (see `orchard.env.bundle`) is bind-mounted read-only at `/.orchard` and is
 the container's command, run under Docker's init (which reaps orphans). A per-sandbox host folder
 is bind-mounted at `/.orchard-run`; the agent listens on a Unix socket there, so the host reaches
-it without any network, even with `--network none`. The Docker API is used to create, inspect and
-delete, never to run commands.
+it without any network, even with `--network none`. A spec with `tools` also gets the agent CLIs'
+bundle (`orchard.env.tools`) bind-mounted read-only at `/.orchard-tools`. The Docker API is used
+to create, inspect and delete, never to run commands.
 
 Security profile of every container: all capabilities dropped, `no-new-privileges`, a pids limit,
 optional cpu/memory limits, optional runtime (`runsc` for gVisor), and Docker's default seccomp
@@ -62,7 +63,7 @@ import subprocess
 import threading
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -85,6 +86,9 @@ from orchard.errors import (
     NotFound,
     SandboxError,
 )
+
+if TYPE_CHECKING:
+    from orchard.env.tools import ToolsBundle
 
 AGENT_MOUNT = "/.orchard"
 RUN_MOUNT = "/.orchard-run"
@@ -175,6 +179,7 @@ class DockerBackend:
         if self.route == "auto":
             self.route = "port" if info.get("OperatingSystem") == "Docker Desktop" else "socket"
         self.bundle = build_bundle()
+        self._tools_lock = threading.Lock()
         self._run_root = _private_folder(settings().run_dir)
         self._open_network_ready = False
         self._open_network_lock = threading.Lock()
@@ -215,6 +220,7 @@ class DockerBackend:
             )
         if spec.disk_bytes and self._disk_cap is not None:
             raise ConfigError(f"this Docker engine cannot cap a sandbox's disk: {self._disk_cap}")
+        tools = self.tools_bundle() if spec.tools else None
         if spec.network == "open":
             self._ensure_open_network()
         run_dir = self._run_dir(sandbox_id)
@@ -230,7 +236,7 @@ class DockerBackend:
                 name=self.pod_name(sandbox_id),
                 labels=labels_for(sandbox_id, spec),
                 environment={**spec.env, **self.bundle.environment(AGENT_MOUNT), TOKEN_ENV: token},
-                host_config=self._host_config(run_dir, spec),
+                host_config=self._host_config(run_dir, spec, tools),
                 ports=[AGENT_PORT] if self.route == "port" else None,
                 # Blocked: not even Docker's network set-up runs (its busiest per-container
                 # work); the container keeps only loopback.
@@ -443,13 +449,25 @@ class DockerBackend:
                 )
             log.warning("network 'open' sandboxes may reach the Docker VM's services: %s", why)
 
-    def _host_config(self, run_dir: Path, spec: SandboxSpec) -> dict:
+    def tools_bundle(self) -> ToolsBundle:
+        """The agent CLIs' bundle a spec with `tools` mounts: built the first time (minutes), then a
+        cache hit that marks it used (one build at a time across this backend's threads)."""
+        from orchard.env.tools import build_tools
+
+        with self._tools_lock:
+            return build_tools()
+
+    def _host_config(self, run_dir: Path, spec: SandboxSpec, tools: ToolsBundle | None = None) -> dict:
         from docker.types import Mount
+
+        from orchard.env.tools import TOOLS_MOUNT
 
         mounts = [
             Mount(AGENT_MOUNT, str(self.bundle.path), type="bind", read_only=True),
             Mount(RUN_MOUNT, str(run_dir), type="bind"),
         ]
+        if tools is not None:
+            mounts.append(Mount(TOOLS_MOUNT, str(tools.path), type="bind", read_only=True))
         if spec.network != "open":  # Docker writes no /etc/hosts without networking
             mounts.append(Mount("/etc/hosts", str(self._loopback_hosts), type="bind", read_only=True))
         return self._api.create_host_config(

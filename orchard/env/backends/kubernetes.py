@@ -9,7 +9,11 @@ Injection into an unmodified image: the init container `orchard-agent` runs the 
 (`orchard image build-agent`: a static busybox and the agent bundle of `orchard.env.bundle`) and
 copies the bundle into the `emptyDir` volume `orchard`; the main container `sandbox` is the task
 image unchanged, the volume mounted read-only at `/.orchard`, its command the bundled agent
-listening on TCP port 7000. A readiness probe (TCP, every second) tells the kubelet when it
+listening on TCP port 7000. A spec with `tools` adds a second init container, `orchard-tools`, which
+runs the tools injector image (`orchard image build-tools --injector`: a static busybox and the
+agent CLIs' bundle of `orchard.env.tools`) and copies the bundle into the `emptyDir` volume
+`orchard-tools`, mounted read-only at `/.orchard-tools` in the main container; its size is added to
+the disk cap's allowance. A readiness probe (TCP, every second) tells the kubelet when it
 listens. `shareProcessNamespace` makes the Pod's pause process PID 1, which reaps the orphans
 commands leave behind (Docker's `--init` does that on the Docker backend).
 
@@ -93,6 +97,7 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
     from orchard.env.bundle import Bundle
+    from orchard.env.tools import ToolsBundle
 
 AGENT_MOUNT = "/.orchard"
 AGENT_PORT = 7000
@@ -101,6 +106,12 @@ INIT_CONTAINER = "orchard-agent"
 MAIN_CONTAINER = "sandbox"
 INJECT_COMMAND = ["/bin/busybox", "cp", "-a", "/orchard-bundle/.", f"{AGENT_MOUNT}/"]
 """The init container's command: the injector image holds a static busybox and the bundle."""
+TOOLS_CONTAINER = "orchard-tools"
+TOOLS_VOLUME = "orchard-tools"
+TOOLS_MOUNT = "/.orchard-tools"
+"""Where a spec with `tools` gets the agent CLIs (`orchard.env.tools.TOOLS_MOUNT`)."""
+INJECT_TOOLS = ["/bin/busybox", "cp", "-a", "/orchard-tools/.", f"{TOOLS_MOUNT}/"]
+"""The tools init container's command (`orchard.env.tools.INJECT_TOOLS`)."""
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 ID_LABEL = "orchard.sandbox/id"
@@ -169,6 +180,11 @@ class KubernetesConfig(BaseModel):
     agent_image: str = Field(
         default=f"orchard/agent:{__version__}",
         description="The injector image (`orchard image build-agent`), pushed where the cluster pulls from.",
+    )
+    tools_image: str = Field(
+        default=f"orchard/tools:{__version__}",
+        description="The agent CLIs' injector image (`orchard image build-tools --injector`), for sandboxes "
+        "created with tools; pushed where the cluster pulls from.",
     )
     runtime_class: str | None = Field(
         default=None, description="RuntimeClass of the Pods, e.g. `gvisor` or `kata`; default: the node's runtime."
@@ -374,8 +390,12 @@ class KubernetesBackend:
     # -- the Pod ----------------------------------------------------------------------
 
     def pod_manifest(self, sandbox_id: str, spec: SandboxSpec, token: str) -> dict[str, Any]:
-        """The Pod `create` sends for the sandbox (see `pod_manifest`)."""
-        return pod_manifest(sandbox_id, spec, token, config=self.config, bundle=self.bundle)
+        """The Pod `create` sends for the sandbox (see `pod_manifest`); a spec with `tools` builds
+        the tools bundle here the first time (its size is the disk allowance), a cache hit after."""
+        from orchard.env.tools import build_tools
+
+        tools = build_tools() if spec.tools else None
+        return pod_manifest(sandbox_id, spec, token, config=self.config, bundle=self.bundle, tools=tools)
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -860,8 +880,11 @@ def pod_manifest(
     config: KubernetesConfig,
     bundle: Bundle,
     created: float | None = None,
+    tools: ToolsBundle | None = None,
 ) -> dict[str, Any]:
     """The Pod of a sandbox (see the module's docstring): it holds the token's SHA-256, never the token.
+
+    A spec with `tools` needs `tools`, the bundle the config's `tools_image` holds (for its size).
 
     `created` (unix seconds, default now) is the creation time its annotation records. The command
     and the environment's values reach the container as given (escaped from Kubernetes' `$(VAR)`).
@@ -889,9 +912,15 @@ def pod_manifest(
     for number, (path, size) in enumerate(sorted(spec.tmpfs.items())):
         volumes.append({"name": f"tmpfs-{number}", "emptyDir": {"medium": "Memory", "sizeLimit": str(size)}})
         mounts.append({"name": f"tmpfs-{number}", "mountPath": path})
+    if spec.tools:
+        if tools is None:
+            raise ConfigError("a sandbox with tools needs the tools bundle: build it (`orchard image build-tools`)")
+        volumes.append({"name": TOOLS_VOLUME, "emptyDir": {}})
+        mounts.append({"name": TOOLS_VOLUME, "mountPath": TOOLS_MOUNT, "readOnly": True})
     main_limits = dict(limits)
     if spec.disk_bytes:
-        main_limits["ephemeral-storage"] = str(spec.disk_bytes + _bundle_allowance(bundle.path))
+        allowance = _bundle_allowance(bundle.path) + (_tools_allowance(tools.size()) if spec.tools and tools else 0)
+        main_limits["ephemeral-storage"] = str(spec.disk_bytes + allowance)
     init = {
         "name": INIT_CONTAINER,
         "image": config.agent_image,
@@ -900,6 +929,18 @@ def pod_manifest(
         "resources": _resources(limits),
         "securityContext": _security_context(),
     }
+    inits = [init]
+    if spec.tools:
+        inits.append(
+            {
+                "name": TOOLS_CONTAINER,
+                "image": config.tools_image,
+                "command": INJECT_TOOLS,
+                "volumeMounts": [{"name": TOOLS_VOLUME, "mountPath": TOOLS_MOUNT}],
+                "resources": _resources(limits),
+                "securityContext": _security_context(),
+            }
+        )
     command = [*bundle.command(AGENT_MOUNT), "--tcp", f"0.0.0.0:{AGENT_PORT}", "--workdir", spec.workdir]
     main = {
         "name": MAIN_CONTAINER,
@@ -919,7 +960,7 @@ def pod_manifest(
         "enableServiceLinks": False,
         "shareProcessNamespace": True,
         "terminationGracePeriodSeconds": 1,
-        "initContainers": [init],
+        "initContainers": inits,
         "containers": [main],
         "volumes": volumes,
     }
@@ -967,6 +1008,11 @@ def _literal(text: str) -> str:
 def _bundle_allowance(path: Path) -> int:
     """Bytes the injected bundle at `path` takes in a Pod's storage (whole MiB, one spare), added to a disk cap."""
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return (math.ceil(size / _MIB) + 1) * _MIB
+
+
+def _tools_allowance(size: int) -> int:
+    """Bytes the injected tools bundle of `size` bytes takes in a Pod's storage (whole MiB, one spare)."""
     return (math.ceil(size / _MIB) + 1) * _MIB
 
 

@@ -16,6 +16,12 @@ RECIPE = Recipe(
         "bash": "orchard.agents.bash:BashHarness",
         "tools": "orchard.agents.tools:ToolsHarness",
         "cli": "orchard.agents.coding_cli:CliHarness",
+        "codex": "orchard.agents.clis:CodexHarness",
+        "claude": "orchard.agents.clis:ClaudeHarness",
+        "opencode": "orchard.agents.clis:OpencodeHarness",
+        "pi": "orchard.agents.clis:PiHarness",
+        "hermes": "orchard.agents.clis:HermesHarness",
+        "mini": "orchard.agents.clis:MiniHarness",
     },
     example=Example(
         tasks="tasks/tasks.jsonl", config="configs/swe-tiny.yaml", prepare="orchard.recipes.swe.example:prepare"
