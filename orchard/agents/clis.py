@@ -18,6 +18,7 @@ A scripted model plays each with the tools the CLI offers (`orchard.agents.playe
 from __future__ import annotations
 
 import json
+import math
 import shlex
 
 from orchard.agents.base import Reply, Step
@@ -219,8 +220,9 @@ class MiniHarness(_ToolCli):
             f"environment.cwd={run.workdir}",
             f"model.model_kwargs.api_base={run.base_url}",
             f"agent.step_limit={run.limits.episode_steps}",
-            f"agent.wall_time_limit_seconds={int(run.limits.max_seconds)}",
         ]
+        if math.isfinite(run.limits.max_seconds):
+            settings.append(f"agent.wall_time_limit_seconds={int(run.limits.max_seconds)}")
         config = " ".join(f"-c {shlex.quote(setting)}" for setting in settings)
         prompt = shlex.quote(run.prompt_file)
         model = shlex.quote(f"openai/{run.model}")

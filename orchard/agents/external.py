@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import secrets
 import shlex
 import threading
@@ -59,6 +60,8 @@ MAX_BODY = 64 << 20
 """The largest request the endpoint reads (the proxy in front bounds requests to less)."""
 STOP_TEXT = "[Orchard: this episode has reached its {what}. Stop now: do not call any more tools.]"
 GRACE_SECONDS = 30.0
+IDLE_SECONDS = 3600.0
+"""The longest a CLI's connection to its model may stay silent (a slow model's answer)."""
 """How long the CLI's command may run past the episode's time limit before it is killed."""
 
 
@@ -316,7 +319,8 @@ class ExternalHarness:
             with ModelEndpoint.shared().open(turn.answer) as route:
                 key = proxy.keys.grant("cli", box.id, route=route)
                 try:
-                    with box.expose(MODEL_PORT, (proxy.host, proxy.port), idle_timeout=limits.max_seconds):
+                    idle = min(limits.max_seconds, IDLE_SECONDS)  # a model's answer may take that long
+                    with box.expose(MODEL_PORT, (proxy.host, proxy.port), idle_timeout=idle):
                         self._run_cli(box, task, prompt, key, limits, turn)
                 finally:
                     proxy.keys.revoke(key)
@@ -342,7 +346,8 @@ class ExternalHarness:
         env = {"HOME": f"{HOME}/home", "TERM": "dumb", "NO_COLOR": "1", "CI": "1", **self.environment(run)}
         home = shlex.quote(env["HOME"])
         command = f'mkdir -p {home} && export PATH="${{PATH:-/usr/bin:/bin}}:{run.bin}" && {self.command(run)}'
-        result = box.exec(command, cwd=task.workdir, env=env, timeout=limits.max_seconds + GRACE_SECONDS)
+        limit = limits.max_seconds + GRACE_SECONDS if math.isfinite(limits.max_seconds) else None
+        result = box.exec(command, cwd=task.workdir, env=env, timeout=limit)
         output = clip(result.stdout + result.stderr, 4000)
         if result.timed_out and turn.stopped is None:
             turn.stopped = "time_limit"
@@ -407,7 +412,7 @@ class _Turns:
                 reply = Reply(content="OK", prompt_tokens=1, completion_tokens=1)
             else:
                 reply = self.session.complete(messages, tools)
-        except OrchardError as exc:
+        except (OrchardError, ValueError) as exc:  # ValueError: a script cannot be played with the tools offered
             self.failure = f"the model request failed: {exc}"
             return 400, self.failure
         if main:

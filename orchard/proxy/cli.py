@@ -1,4 +1,5 @@
-"""`orchard proxy`: forward OpenAI-compatible calls to a model server, recording each one.
+"""`orchard proxy`: forward Chat Completions, Responses and Anthropic Messages calls to an
+OpenAI-compatible model server (the other two translated to chat calls), recording each one.
 
 uvicorn, Starlette and SQLAlchemy are imported inside the command, so `orchard --help` stays fast.
 """

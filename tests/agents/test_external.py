@@ -120,3 +120,30 @@ def test_mini_submits_with_its_marker_command():
     commands = [json.loads(c["tool_calls"][0]["function"]["arguments"])["command"] for c in calls]
     assert commands == ["git diff", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
     assert len(episode.steps) == 2
+
+
+def test_an_attempts_key_reaches_its_own_model_only_and_ends_with_it():
+    """Two attempts at once through the process's proxy: each key reaches its own attempt's
+    endpoint route and no other, a revoked key nothing, and no key nothing."""
+    from orchard.agents.external import attempt_proxy, completion
+
+    proxy, endpoint = attempt_proxy(), ModelEndpoint.shared()
+    ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with (
+        endpoint.open(lambda body: completion(Reply("from A"), "m")) as a,
+        endpoint.open(lambda body: completion(Reply("from B"), "m")) as b,
+    ):
+        key_a, key_b = proxy.keys.grant("cli", "box-a", route=a), proxy.keys.grant("cli", "box-b", route=b)
+        client_a = openai.OpenAI(base_url=proxy.url, api_key=key_a, max_retries=0)
+        client_b = openai.OpenAI(base_url=proxy.url, api_key=key_b, max_retries=0)
+        assert client_a.chat.completions.create(**ask).choices[0].message.content == "from A"
+        assert client_b.chat.completions.create(**ask).choices[0].message.content == "from B"
+        # a path naming the other attempt's route is no way there: the key decides
+        sneaky = openai.OpenAI(base_url=proxy.url.removesuffix("/v1") + f"/t/{b}/v1", api_key=key_a, max_retries=0)
+        assert sneaky.chat.completions.create(**ask).choices[0].message.content == "from A"
+        proxy.keys.revoke(key_a)
+        with pytest.raises(openai.AuthenticationError):
+            client_a.chat.completions.create(**ask)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=proxy.url, api_key="sk-guess", max_retries=0).chat.completions.create(**ask)
+        proxy.keys.revoke(key_b)

@@ -267,3 +267,39 @@ def test_an_impossible_bar_config_is_one_line(tmp_path):
     bad.write_text("name: x\ntasks: t.jsonl\nwork_dir: /tmp/x\nrl: {group_size: 20}\n")
     result = runner.invoke(app, ["train", "swe", "--config", str(bad)])
     assert result.exit_code == 1 and "group_size <= max_rollouts" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_the_cli_recipe_collects_under_two_agent_clis_and_trains_on_what_they_sent(
+    orchard_home, base_image, example_repos, tmp_path
+):
+    """The shipped swe-clis (pi and mini-swe-agent, unmodified, from the tools bundle), shortened to
+    one task: collected, credited by replaying the CLIs' own runs, and the student trained on their
+    conversations.
+
+    Slow: 4 CLI episodes, 2 replays, SFT and the value model."""
+    from orchard.env.tools import build_tools
+    from orchard.store import TrajectoryRecord
+
+    build_tools()
+    config = yaml.safe_load((ROOT / "examples/configs/swe-clis.yaml").read_text())
+    assert config["collect"]["harnesses"] == ["pi", "mini"]  # as shipped
+    config.update(
+        tasks=str(ROOT / "examples/tasks/tasks.jsonl"),
+        repos=str(example_repos),
+        ids=["orchard-examples__textkit-1"],
+        work_dir=str(tmp_path / "work"),
+    )
+    config["sft"]["max_steps"], config["value"]["max_steps"] = 2, 1
+    config["rl"] = {"enabled": False}
+    path = tmp_path / "swe.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = runner.invoke(app, ["train", "swe", "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    with session() as db:
+        runs = {r.kind: r for r in db.exec(select(RunRecord))}
+        collected = db.exec(select(TrajectoryRecord)).all()
+    assert {t.harness for t in collected} == {"pi", "mini"}
+    assert all(runs[kind].status == "finished" for kind in ("collect", "credit", "sft", "value"))
+    sft = json.loads(runs["sft"].summary)
+    assert sft["examples"] >= 2, sft  # the gold runs of both CLIs, and the regress runs' rise segments
+    assert (tmp_path / "work" / "sft" / "config.json").is_file()
