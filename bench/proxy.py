@@ -9,7 +9,9 @@ throw-away ORCHARD_HOME). One httpx client with keep-alive then asks, `--runs` t
 30 warm-up calls, the two paths in turn:
 
 * `POST /v1/chat/completions`, whole: straight to the upstream, then through the proxy;
-* the same with `"stream": true`: `--chunks` server-sent events, timed to the last byte.
+* the same with `"stream": true`: `--chunks` server-sent events, timed to the last byte;
+* Anthropic's `POST /v1/messages` and OpenAI's `POST /v1/responses` through the proxy (translated to
+  the chat call and back, whole and streamed), each beside the direct chat call it becomes.
 
 It prints p50 / p95 of each path and the p50 difference, against the goal: at most 2 ms added,
 and checks the proxy recorded every call it forwarded (its queue is written when it stops).
@@ -92,29 +94,42 @@ server.serve_forever()
 """
 
 BODY = {"model": "bench", "messages": [{"role": "user", "content": "Say ok."}]}
+APIS = {
+    "chat": ("/chat/completions", BODY),
+    "messages": (
+        "/messages",
+        {"model": "bench", "max_tokens": 64, "messages": [{"role": "user", "content": "Say ok."}]},
+    ),
+    "responses": ("/responses", {"model": "bench", "input": "Say ok."}),
+}
+"""Each API the proxy speaks: its path and a request; the direct baseline is always the chat call."""
 
 
 KEY = "sk-bench"
 """The key the proxy answers (checked on every call, as in use)."""
 
 
-def call(client: httpx.Client, url: str, body: dict) -> float:
+def call(client: httpx.Client, url: str, body: dict, path: str = "/chat/completions") -> float:
     """Milliseconds of one call, to the answer's last byte."""
     began = time.perf_counter()
-    with client.stream("POST", url + "/chat/completions", json=body) as answer:
+    with client.stream("POST", url + path, json=body) as answer:
         for _ in answer.iter_raw():
             pass
     answer.raise_for_status()
     return (time.perf_counter() - began) * 1000
 
 
-def timed(client: httpx.Client, direct: str, through: str, stream: bool, runs: int) -> tuple[list[float], list[float]]:
-    """Milliseconds per call of each path, the two asked in turn (so that load from elsewhere
-    falls on both alike)."""
+def timed(
+    client: httpx.Client, direct: str, through: str, stream: bool, runs: int, api: str = "chat"
+) -> tuple[list[float], list[float]]:
+    """Milliseconds per call of each path (the chat call direct, `api`'s call through the proxy),
+    the two asked in turn (so that load from elsewhere falls on both alike)."""
+    path, request = APIS[api]
     body = {**BODY, "stream": True} if stream else BODY
+    sent = {**request, "stream": True} if stream else request
     straight, proxied = [], []
     for index in range(WARMUP + runs):
-        pair = call(client, direct, body), call(client, through, body)
+        pair = call(client, direct, body), call(client, through, sent, path)
         if index >= WARMUP:
             straight.append(pair[0])
             proxied.append(pair[1])
@@ -149,10 +164,11 @@ def measure(args: argparse.Namespace, home: Path) -> tuple[dict[str, list[float]
             raise SystemExit(f"the proxy did not start: {line!r}")
         direct, through = f"http://127.0.0.1:{port}/v1", f"http://127.0.0.1:{proxy_port}/v1"
         with httpx.Client(timeout=30, headers={"authorization": f"Bearer {KEY}"}) as client:  # the upstream ignores it
-            for stream in (False, True):
-                kind = "stream" if stream else "whole"
-                timings = timed(client, direct, through, stream, args.runs)
-                results[f"{kind}, direct"], results[f"{kind}, through the proxy"] = timings
+            for api in APIS:
+                for stream in (False, True):
+                    kind = ("stream" if stream else "whole") + ("" if api == "chat" else f", {api}")
+                    timings = timed(client, direct, through, stream, args.runs, api)
+                    results[f"{kind}, direct"], results[f"{kind}, through the proxy"] = timings
     finally:
         proxy.send_signal(signal.SIGINT)
         proxy.wait(timeout=60)
@@ -170,14 +186,14 @@ def report(results: dict[str, list[float]], recorded: int, runs: int) -> bool:
         p95 = statistics.quantiles(values, n=20)[-1]
         print(f"{path:<{width}}  {statistics.median(values):6.2f}  {p95:6.2f}")
     ok = True
-    for kind in ("whole", "stream"):
+    for kind in [path.removesuffix(", direct") for path in results if path.endswith(", direct")]:
         added = statistics.median(results[f"{kind}, through the proxy"]) - statistics.median(results[f"{kind}, direct"])
         met = added <= GOAL_MS
         ok &= met
         print(
             f"{kind}: the proxy adds {added:.2f} ms at p50 (goal at most {GOAL_MS:g} ms: {'met' if met else 'missed'})"
         )
-    expected = 2 * (WARMUP + runs)
+    expected = 2 * len(APIS) * (WARMUP + runs)
     print(f"recorded {recorded} of the {expected} calls it forwarded")
     return ok and recorded == expected
 

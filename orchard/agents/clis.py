@@ -21,7 +21,7 @@ import json
 import math
 import shlex
 
-from orchard.agents.base import Reply, Step
+from orchard.agents.base import Message, Reply, Step
 from orchard.agents.external import HOME, CliRun, ExternalHarness
 from orchard.agents.players import play
 
@@ -232,3 +232,7 @@ class MiniHarness(_ToolCli):
         if step.kind in ("submit", "say"):
             step = Step("bash", command=SUBMIT, thought=step.thought or "Done: submitting.")
         return play(step, self.offered, index)
+
+    def ended(self, reply: Message) -> bool:
+        calls = reply.get("tool_calls") or []
+        return any(SUBMIT in str(call.get("function", {}).get("arguments", "")) for call in calls)

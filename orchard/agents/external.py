@@ -272,6 +272,11 @@ class ExternalHarness:
         """The reply playing `step` with the CLI's own tools (`self.offered`)."""
         raise NotImplementedError
 
+    def ended(self, reply: Message) -> bool:
+        """Whether the model's last reply ends the CLI's work (a plain answer, for most CLIs): a
+        CLI that exits after any other stopped at a limit of its own (`truncated`)."""
+        return not reply.get("tool_calls")
+
     # -- the Harness methods the loop would call: a CLI runs its own loop --
 
     def system_prompt(self, task: dict[str, Any]) -> str:
@@ -331,6 +336,8 @@ class ExternalHarness:
             episode.status, episode.error = "aborted", turn.failure
         elif turn.stopped is not None and episode.status == "completed":
             episode.status = turn.stopped
+        elif episode.status == "completed" and not (episode.messages and self.ended(episode.messages[-1])):
+            episode.status = "truncated"  # the CLI stopped at a limit of its own, its work unfinished
         episode.submission = task.conclude(box, episode.messages, episode.dialogue)
         episode.duration = time.monotonic() - started
         return episode
@@ -351,9 +358,11 @@ class ExternalHarness:
         output = clip(result.stdout + result.stderr, 4000)
         if result.timed_out and turn.stopped is None:
             turn.stopped = "time_limit"
-        if result.exit_code not in (0, None) and not turn.steps_taken and turn.failure is None:
-            # the CLI ended before any model call: it could not start (a bad setup, not the model's doing)
-            turn.failure = f"{self.name} exited with {result.exit_code} before calling its model: {output}"
+        if result.exit_code not in (0, None) and not result.timed_out and turn.failure is None:
+            # before any model call: it could not start (a bad setup); after: it broke (a CLI's fault
+            # or the sandbox's, not the model's: a model's own endings are replies)
+            when = "after" if turn.steps_taken else "before"
+            turn.failure = f"{self.name} exited with {result.exit_code} {when} calling its model: {output}"
         log.debug("%s exited %s: %s", self.name, result.exit_code, output)
         turn.cli_output = output
 

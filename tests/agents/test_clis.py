@@ -80,7 +80,8 @@ class _FileTask:
         box.exec("mkdir -p /work && printf 'colour = 1\\n' > /work/setting.txt")
 
     def conclude(self, box: Any, messages: Any, dialogue: Any) -> str:
-        return box.read_file("/work/setting.txt").decode() + box.read_file("/work/done.txt").decode()
+        done = box.exec("cat /work/done.txt 2>/dev/null").stdout
+        return box.read_file("/work/setting.txt").decode() + done
 
 
 @pytest.mark.parametrize("cli", CLIS)
@@ -98,3 +99,16 @@ def test_each_cli_works_in_the_static_busybox_image(cli, client, busybox_image, 
     assert (episode.status, episode.error) == ("completed", None)
     assert episode.submission == "color = 1\nyes\n"
     assert len(episode.steps) == 3
+
+
+@pytest.mark.parametrize("cli", ["pi", "mini"])
+def test_a_cli_past_the_step_limit_is_told_to_stop_and_the_episode_is_truncated(cli, client, busybox_image, tools):
+    """Past `episode_steps` the endpoint answers a plain text telling the CLI to stop (pi ends its
+    turn on it), then refuses; mini stops at its own step limit first. Either way: `truncated`."""
+    harness = harness_factory(cli)()
+    script = [Step("bash", command=f"echo {i} >> /work/setting.txt") for i in range(6)]
+    with client.create(busybox_image, tools=True) as box:
+        episode = harness.drive(
+            _FileTask(), ScriptedSession(script, harness), box, model_name="scripted", limits=Limits(episode_steps=2)
+        )
+    assert (episode.status, len(episode.steps)) == ("truncated", 2), episode.error
