@@ -84,7 +84,7 @@ class ClaudeHarness(_ToolCli):
         }
 
     def command(self, run: CliRun) -> str:
-        turns = run.limits.episode_steps
+        turns = run.limits.episode_steps + 1  # its own limit past ours: Orchard tells it to stop first
         return (
             f"{run.bin}/claude -p --dangerously-skip-permissions --output-format json --max-turns {turns} "
             f"< {shlex.quote(run.prompt_file)}"
@@ -101,7 +101,7 @@ class OpencodeHarness(_ToolCli):
             "autoupdate": False,
             "share": "disabled",
             "permission": "allow",
-            "agent": {"build": {"steps": run.limits.episode_steps}},
+            "agent": {"build": {"steps": run.limits.episode_steps + 1}},
             "provider": {
                 "orchard": {
                     "npm": "@ai-sdk/openai-compatible",  # built into the binary
@@ -175,7 +175,7 @@ class HermesHarness(_ToolCli):
   context_length: 128000
   max_tokens: 4096
 agent:
-  max_turns: {run.limits.episode_steps}
+  max_turns: {run.limits.episode_steps + 1}
 security:
   allow_lazy_installs: false
   tirith_enabled: false
@@ -188,7 +188,7 @@ security:
 
     def command(self, run: CliRun) -> str:
         prompt = shlex.quote(run.prompt_file)
-        turns = run.limits.episode_steps
+        turns = run.limits.episode_steps + 1
         return f'{run.bin}/hermes chat -Q --yolo --max-turns {turns} -t terminal,file -q "$(cat {prompt})" < /dev/null'
 
 
@@ -219,7 +219,7 @@ class MiniHarness(_ToolCli):
             "environment.environment_class=local",
             f"environment.cwd={run.workdir}",
             f"model.model_kwargs.api_base={run.base_url}",
-            f"agent.step_limit={run.limits.episode_steps}",
+            f"agent.step_limit={run.limits.episode_steps + 1}",  # past ours: Orchard tells it to stop first
         ]
         if math.isfinite(run.limits.max_seconds):
             settings.append(f"agent.wall_time_limit_seconds={int(run.limits.max_seconds)}")

@@ -16,12 +16,20 @@ The loop is turned around: the CLI asks the model, Orchard answers. For one atte
 * The CLIs come from the tools bundle (`orchard.env.tools`), mounted read-only into any image.
 
 The episode is what the endpoint saw: one step per model call of the main conversation (calls
-offering the CLI's tools), its messages the longest conversation the CLI sent plus the reply, so
-the trajectory trains and shows like any harness's. Limits: past the attempt's steps, tokens or
-time the endpoint answers a plain text telling the CLI to stop (which ends its turn), then
-refuses; the CLI's command is killed at the time limit. A model request that fails ends the
-episode `aborted`, and the CLI is refused from then on (a 400, which CLIs do not retry).
-The submission is taken from the sandbox as for every harness (SWE: the working tree's diff).
+offering the CLI's tools; side calls, a title or a summary, are answered and their tokens count,
+but they are no steps), its messages the conversation the CLI sent last plus the reply, so the
+trajectory trains and shows like any harness's. It is the CLI's own account of the conversation
+(the assistant turns included), as hostile as anything else from the sandbox: a CLI's commands
+can rewrite what it sends. Limits, on every call: past the attempt's steps, tokens or time the
+endpoint answers the main conversation a plain text telling the CLI to stop (which ends its
+turn), then refuses everything (a 400, which CLIs do not retry); the CLI's command is killed 30 s
+past the time limit. Requests of one attempt are read one at a time (the others wait unread).
+A model request that fails ends the episode `aborted` and the CLI is refused from then on; so
+does a CLI that exits non-zero without being told to stop (it broke: not the model's ending),
+or never calls its model; one that exits after a reply with tool calls stopped at a limit of
+its own (`truncated`). When the CLI has exited, its key is revoked and whatever still asks is
+refused. The submission is taken from the sandbox as for every harness (SWE: the working
+tree's diff).
 """
 
 from __future__ import annotations
@@ -56,13 +64,16 @@ MODEL_PORT = 18009
 """The port inside the sandbox where the CLI finds its model (the proxy, exposed)."""
 HOME = "/tmp/orchard-cli"
 """The CLI's home in the sandbox: its configuration, sessions and caches (a writable place in any image)."""
-MAX_BODY = 64 << 20
-"""The largest request the endpoint reads (the proxy in front bounds requests to less)."""
+MAX_REQUEST = 16 << 20
+"""The largest request the attempts' proxy forwards (a long CLI conversation is a few MB)."""
+MAX_BODY = MAX_REQUEST + (1 << 20)
+"""The largest request the endpoint reads (what the proxy forwards, translated)."""
 STOP_TEXT = "[Orchard: this episode has reached its {what}. Stop now: do not call any more tools.]"
 GRACE_SECONDS = 30.0
-IDLE_SECONDS = 3600.0
-"""The longest a CLI's connection to its model may stay silent (a slow model's answer)."""
 """How long the CLI's command may run past the episode's time limit before it is killed."""
+IDLE_SECONDS = 3600.0
+"""The longest one model answer may take (a slow model; a step measured by replay), for the proxy
+and the exposed connection alike."""
 
 
 # -- the model, served as Chat Completions --------------------------------------------------
@@ -79,7 +90,9 @@ class ModelEndpoint:
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self) -> None:
-        self.routes: dict[str, Callable[[dict[str, Any]], dict[str, Any] | tuple[int, str]]] = {}
+        self.routes: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any] | tuple[int, str]], threading.Lock]] = {}
+        """Each open route's answer, and the lock its requests take before their body is read (one
+        at a time: a sandbox's many connections wait unread, not parsed, so memory stays bounded)."""
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -106,7 +119,7 @@ class ModelEndpoint:
     @contextmanager
     def open(self, answer: Callable[[dict[str, Any]], dict[str, Any] | tuple[int, str]]) -> Iterator[str]:
         route = secrets.token_hex(16)
-        self.routes[route] = answer
+        self.routes[route] = (answer, threading.Lock())
         try:
             yield route
         finally:
@@ -116,20 +129,22 @@ class ModelEndpoint:
         return f"http://127.0.0.1:{self.port}/{route}/v1"
 
     def _post(self, request: BaseHTTPRequestHandler) -> None:
-        route, _, path = request.path.strip("/").partition("/")
-        answer = self.routes.get(route)
-        if answer is None or path != "v1/chat/completions":
+        route, _, path = request.path.split("?")[0].strip("/").partition("/")
+        found = self.routes.get(route)
+        if found is None or path != "v1/chat/completions":
             return _send_json(request, 404, _error("no such route"))
+        answer, lock = found
         length = int(request.headers.get("Content-Length") or 0)
         if not 0 < length <= MAX_BODY:
             return _send_json(request, 413, _error(f"the body must be 1 to {MAX_BODY} bytes"))
-        try:
-            body = json.loads(request.rfile.read(length))
-            if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-                raise ValueError("no messages")
-        except (ValueError, RecursionError) as exc:
-            return _send_json(request, 400, _error(f"not a chat completions request: {exc}"))
-        result = answer(body)
+        with lock:
+            try:
+                body = json.loads(request.rfile.read(length))
+                if not isinstance(body, dict) or not _chat_request(body):
+                    raise ValueError("messages must be a list of objects, tools a list of function tools")
+            except (ValueError, RecursionError) as exc:
+                return _send_json(request, 400, _error(f"not a chat completions request: {exc}"))
+            result = answer(body)
         if isinstance(result, tuple):
             return _send_json(request, result[0], _error(result[1]))
         if not body.get("stream"):
@@ -144,6 +159,14 @@ class ModelEndpoint:
             request.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         request.wfile.write(b"data: [DONE]\n\n")
         request.wfile.flush()
+
+
+def _chat_request(body: dict[str, Any]) -> bool:
+    """The shape the endpoint relies on: messages are objects, tools (if any) function tools."""
+    messages, tools = body.get("messages"), body.get("tools") or []
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages) or not isinstance(tools, list):
+        return False
+    return all(isinstance(t, dict) and isinstance(t.get("function", t), dict) for t in tools)
 
 
 def _send_json(request: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
@@ -208,7 +231,8 @@ def attempt_proxy() -> Proxy:
         if _proxy is None:
             from orchard.proxy.server import Proxy
 
-            proxy = Proxy(f"http://127.0.0.1:{ModelEndpoint.shared().port}", port=0, record=False)
+            upstream = f"http://127.0.0.1:{ModelEndpoint.shared().port}"
+            proxy = Proxy(upstream, port=0, record=False, timeout=IDLE_SECONDS, max_request=MAX_REQUEST)
             proxy.start()
             _proxy = proxy
         return _proxy
@@ -329,14 +353,17 @@ class ExternalHarness:
                         self._run_cli(box, task, prompt, key, limits, turn)
                 finally:
                     proxy.keys.revoke(key)
+                    turn.closed = True  # a request still waiting is refused from now on
+            turn.close()  # and the last step is measured
         except OrchardError as exc:  # the sandbox failed
             episode.status, episode.error = "aborted", str(exc)
-        turn.measure()
         if turn.failure is not None:
             episode.status, episode.error = "aborted", turn.failure
         elif turn.stopped is not None and episode.status == "completed":
             episode.status = turn.stopped
-        elif episode.status == "completed" and not (episode.messages and self.ended(episode.messages[-1])):
+        elif episode.status == "completed" and not episode.steps:
+            episode.status, episode.error = "aborted", f"{self.name} never called its model: {turn.cli_output}"
+        elif episode.status == "completed" and not self.ended(episode.messages[-1]):
             episode.status = "truncated"  # the CLI stopped at a limit of its own, its work unfinished
         episode.submission = task.conclude(box, episode.messages, episode.dialogue)
         episode.duration = time.monotonic() - started
@@ -358,11 +385,13 @@ class ExternalHarness:
         output = clip(result.stdout + result.stderr, 4000)
         if result.timed_out and turn.stopped is None:
             turn.stopped = "time_limit"
-        if result.exit_code not in (0, None) and not result.timed_out and turn.failure is None:
+        elif result.exit_code != 0 and not turn.told_to_stop and turn.failure is None:
             # before any model call: it could not start (a bad setup); after: it broke (a CLI's fault
-            # or the sandbox's, not the model's: a model's own endings are replies)
+            # or the sandbox's, not the model's: a model's own endings are replies). A CLI told to
+            # stop may exit non-zero on it (refused, or at its own limit): the stop is the ending.
             when = "after" if turn.steps_taken else "before"
-            turn.failure = f"{self.name} exited with {result.exit_code} {when} calling its model: {output}"
+            code = result.exit_code if result.exit_code is not None else f"no exit code ({result.error})"
+            turn.failure = f"{self.name} exited with {code} {when} calling its model: {output}"
         log.debug("%s exited %s: %s", self.name, result.exit_code, output)
         turn.cli_output = output
 
@@ -388,6 +417,10 @@ class _Turns:
         self.stopped: str | None = None
         """Why the episode was told to stop (`truncated`, `time_limit`), if it was."""
         self.told_to_stop = False
+        self.closed = False
+        """The episode is over: every request is refused."""
+        self.side_tokens = 0
+        """Tokens of the calls that are no steps (they count towards the limit too)."""
         self.measured = 0
         """Steps `on_step` has seen."""
         self.cli_output = ""
@@ -398,35 +431,49 @@ class _Turns:
 
     def answer(self, body: dict[str, Any]) -> dict[str, Any] | tuple[int, str]:
         with self.lock:  # one call at a time: a CLI's parallel side calls wait their turn
-            return self._answer(body)
+            try:
+                return self._answer(body)
+            except OrchardError as exc:  # a step measured by replay: the sandbox failed
+                self.failure = str(exc)
+            except Exception as exc:  # a model that broke (out of memory, a chat template), or its script
+                log.exception("%s: the model failed", self.harness.name)
+                self.failure = f"the model request failed: {type(exc).__name__}: {exc}"
+            return 400, self.failure
+
+    def close(self) -> None:
+        """The CLI has exited: refuse whatever still asks, measure the last step."""
+        with self.lock:
+            self.closed = True
+            self.measure()
 
     def _answer(self, body: dict[str, Any]) -> dict[str, Any] | tuple[int, str]:
         episode = self.episode
-        if self.failure is not None:
-            return 400, f"the episode has ended: {self.failure}"
+        if self.closed or self.failure is not None:
+            return 400, f"the episode has ended{': ' + self.failure if self.failure else ''}"
         main = self.harness.is_main(body)
         messages, tools = body["messages"], body.get("tools") or None
         if main:
             self.measure()  # the previous step's actions have run: the CLI asks again
-            reason = self._limit()
-            if reason is not None:
-                if self.told_to_stop:
-                    return 400, f"the episode has ended: {reason}"
-                self.told_to_stop = True
-                return completion(Reply(content=STOP_TEXT.format(what=reason)), self.harness.model_name)
+        reason = self._limit()
+        if reason is not None:  # every call: a side call spends the model too
+            if self.told_to_stop or not main:
+                return 400, f"the episode has ended: its {reason}"
+            self.told_to_stop = True
+            return completion(Reply(content=STOP_TEXT.format(what=reason)), self.harness.model_name)
         started = time.monotonic()
         self.harness.offered = tools or []
-        try:
-            if not main and getattr(self.session, "replays", False):  # a script plays the agent's turns only
-                reply = Reply(content="OK", prompt_tokens=1, completion_tokens=1)
-            else:
+        if not main and getattr(self.session, "replays", False):  # a script plays the agent's turns only
+            reply = Reply(content="OK", prompt_tokens=1, completion_tokens=1)
+        else:
+            try:
                 reply = self.session.complete(messages, tools)
-        except (OrchardError, ValueError) as exc:  # ValueError: a script cannot be played with the tools offered
-            self.failure = f"the model request failed: {exc}"
-            return 400, self.failure
-        if main:
-            if len(messages) + 1 >= len(episode.messages):
-                episode.messages, episode.tools = [*messages, reply.message()], tools
+            except (OrchardError, ValueError) as exc:  # ValueError: a script cannot play the tools offered
+                self.failure = f"the model request failed: {exc}"
+                return 400, self.failure
+        if not main:
+            self.side_tokens += reply.prompt_tokens + reply.completion_tokens
+        else:  # the conversation as the CLI last sent it (after a compaction too), and the reply
+            episode.messages, episode.tools = [*messages, reply.message()], tools
             step = StepLog(
                 len(episode.steps),
                 reply.content,
@@ -456,7 +503,7 @@ class _Turns:
         if len(episode.steps) >= limits.episode_steps:
             self.stopped = "truncated"
             return "step limit"
-        if episode.prompt_tokens + episode.completion_tokens > limits.max_tokens:
+        if episode.prompt_tokens + episode.completion_tokens + self.side_tokens > limits.max_tokens:
             self.stopped = "truncated"
             return "token limit"
         if time.monotonic() - self.started > limits.max_seconds:

@@ -17,7 +17,7 @@ from typing import Any
 from orchard.agents.base import Reply, Step, ToolCall
 
 SHELL_NAMES = ("shell", "bash", "exec_command", "terminal", "run_shell_command", "execute_command", "local_shell")
-"""Shell tools by name (compared case-blind), the first offered wins."""
+"""Shell tools by name (compared case-blind); of several offered, the first in this list wins."""
 WRITE_NAMES = ("write", "write_file", "create_file", "file_write")
 COMMAND_KEYS = ("command", "cmd", "script")
 PATH_KEYS = ("file_path", "filepath", "path", "filename")
@@ -31,7 +31,10 @@ def play(step: Step, tools: list[dict[str, Any]], index: int) -> Reply:
     if step.kind == "write":
         write = _find(tools, WRITE_NAMES)
         if write is not None:
-            return _call(write, index, step.thought, {PATH_KEYS: step.path, CONTENT_KEYS: step.content})
+            try:
+                return _call(write, index, step.thought, {PATH_KEYS: step.path, CONTENT_KEYS: step.content})
+            except ValueError:  # a write tool of other arguments: the shell writes the file
+                pass
         path = shlex.quote(step.path)
         command = f'mkdir -p "$(dirname {path})" && printf %s {shlex.quote(step.content)} > {path}'
         step = Step("bash", command=command, thought=step.thought)
@@ -56,7 +59,7 @@ def _find(tools: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, Any]
 def _call(tool: dict[str, Any], index: int, thought: str, values: dict[tuple[str, ...], str]) -> Reply:
     function = tool.get("function") or tool
     schema = function.get("parameters") or {}
-    properties: dict[str, Any] = schema.get("properties") or {}
+    properties = {k: v if isinstance(v, dict) else {} for k, v in (schema.get("properties") or {}).items()}
     arguments: dict[str, Any] = {}
     for keys, value in values.items():
         key = next((k for k in properties if k.lower() in keys), None)

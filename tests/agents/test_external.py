@@ -147,3 +147,40 @@ def test_an_attempts_key_reaches_its_own_model_only_and_ends_with_it():
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=proxy.url, api_key="sk-guess", max_retries=0).chat.completions.create(**ask)
         proxy.keys.revoke(key_b)
+
+
+class _Model:
+    """A model session of a real server's kind (it answers side calls too), counting its calls."""
+
+    def __init__(self, fail: Exception | None = None):
+        self.calls, self.fail = 0, fail
+
+    def complete(self, messages, tools):
+        self.calls += 1
+        if self.fail is not None:
+            raise self.fail
+        return Reply("sure", prompt_tokens=1000, completion_tokens=10)
+
+
+def test_no_call_spends_the_model_past_the_limits_or_after_the_episode():
+    """What anything in the sandbox holding the key could try: calls without tools (which no step
+    counts) past the limits, and calls once the CLI has exited."""
+    harness, model = ClaudeHarness(), _Model()
+    episode = Episode("e", _Task(), "claude", "m", [], None, status="completed")  # type: ignore[arg-type]
+    turns = _Turns(harness, episode, model, None, Limits(max_tokens=3000), None)  # type: ignore[arg-type]
+    side = {"model": "m", "messages": [{"role": "user", "content": "anything"}]}
+    answers = [turns.answer(side) for _ in range(10)]
+    assert model.calls == 3 and all(a == (400, "the episode has ended: its token limit") for a in answers[4:])
+    assert episode.steps == []  # side calls are no steps
+    fresh = _Turns(harness, episode, _Model(), None, Limits(), None)  # type: ignore[arg-type]
+    fresh.close()
+    assert fresh.answer(side)[0] == 400 and fresh.session.calls == 0  # type: ignore[attr-defined]
+
+
+def test_a_model_that_breaks_ends_the_episode_for_the_cli():
+    harness = ClaudeHarness()
+    episode = Episode("e", _Task(), "claude", "m", [], None, status="completed")  # type: ignore[arg-type]
+    turns = _Turns(harness, episode, _Model(RuntimeError("CUDA out of memory")), None, Limits(), None)  # type: ignore[arg-type]
+    ask = {"model": "m", "messages": [{"role": "user", "content": "fix it"}], "tools": [BASH]}
+    assert turns.answer(ask) == (400, "the model request failed: RuntimeError: CUDA out of memory")
+    assert turns.answer(ask)[0] == 400 and turns.session.calls == 1  # type: ignore[attr-defined]
