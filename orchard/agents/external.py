@@ -454,6 +454,8 @@ class _Turns:
         messages, tools = body["messages"], body.get("tools") or None
         if main:
             self.measure()  # the previous step's actions have run: the CLI asks again
+            if episode.steps and any(m.get("role") == "assistant" for m in messages):
+                episode.steps[-1].observation = _last_observation(messages)  # what they showed, as the CLI tells
         reason = self._limit()
         if reason is not None:  # every call: a side call spends the model too
             if self.told_to_stop or not main:
@@ -478,7 +480,7 @@ class _Turns:
                 len(episode.steps),
                 reply.content,
                 [{"name": c.name, "arguments": _arguments(c.arguments)} for c in reply.tool_calls],
-                _last_observation(messages),
+                "",  # its actions' results come with the CLI's next request
                 None,
                 reply.prompt_tokens,
                 reply.completion_tokens,
@@ -525,6 +527,8 @@ def _last_observation(messages: list[Message]) -> str:
     for message in reversed(messages):
         if message.get("role") == "assistant":
             break
+        if message.get("role") == "system":  # the CLI's reminders, not what an action showed
+            continue
         content = message.get("content")
         if isinstance(content, list):
             content = "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))

@@ -102,12 +102,13 @@ def test_turns_keep_the_main_conversation_and_stop_the_cli_at_the_step_limit():
     assert json.loads(second["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) == {
         "command": "echo 1"
     }
-    stop = turns.answer({"model": "m", "messages": later, "tools": [BASH]})
+    last = [*later, second["choices"][0]["message"], {"role": "tool", "tool_call_id": "y", "content": "1"}]
+    stop = turns.answer({"model": "m", "messages": last, "tools": [BASH]})
     assert stop["choices"][0]["message"] == {"role": "assistant", "content": STOP_TEXT.format(what="step limit")}
-    assert turns.answer({"model": "m", "messages": later, "tools": [BASH]})[0] == 400
+    assert turns.answer({"model": "m", "messages": last, "tools": [BASH]})[0] == 400
     assert len(episode.steps) == 2 and turns.stopped == "truncated"
     assert episode.messages == [*later, second["choices"][0]["message"]]
-    assert episode.steps[1].observation == "0"
+    assert [step.observation for step in episode.steps] == ["0", "1"]  # each step's: what its actions showed
 
 
 def test_mini_submits_with_its_marker_command():
