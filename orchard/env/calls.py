@@ -345,6 +345,10 @@ def http_request(
         raise InvalidRequest(f"method must be one of {', '.join(HTTP_METHODS)}, not {method!r}")
     if not isinstance(path, str) or not path.startswith("/"):
         raise InvalidRequest(f"path must start with / (the service is always 127.0.0.1:port), not {path!r:.80}")
+    if path.startswith("//"):
+        raise InvalidRequest(
+            f"path must not start with // (an authority: the service is always 127.0.0.1:port), not {path!r:.80}"
+        )
     if len(path) > HTTP_MAX_PATH or not all("!" <= c <= "~" for c in path):
         raise InvalidRequest(
             f"path must be at most {HTTP_MAX_PATH} characters of printable ASCII, without spaces (percent-encode)"

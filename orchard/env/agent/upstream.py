@@ -71,6 +71,8 @@ def http_path(data: dict[str, object]) -> str:
     path = data.get("path")
     if not isinstance(path, str) or not path.startswith("/"):
         raise ApiError(400, "path must be a string starting with / (the service is always 127.0.0.1:port)")
+    if path.startswith("//"):  # `//host/x` names an authority to a URL parser: a request has none
+        raise ApiError(400, "path must not start with // (an authority): the service is always 127.0.0.1:port")
     if len(path) > HTTP_MAX_PATH:
         raise ApiError(400, f"path is {len(path)} characters, over the limit of {HTTP_MAX_PATH}")
     if not all("!" <= c <= "~" for c in path):
