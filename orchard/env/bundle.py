@@ -283,14 +283,15 @@ def _remove_stale_builds(root: Path) -> None:
             pass  # another builder just removed or published it
 
 
-def _publish(work: Path, final: Path) -> None:
-    """Rename the finished `work` folder to `final`; losing the race to another builder is fine."""
+def _publish(work: Path, final: Path, manifest: str = MANIFEST) -> None:
+    """Rename the finished `work` folder to `final`; losing the race to another builder is fine
+    (a folder is finished when its `manifest` is there)."""
     try:
         os.rename(work, final)
     except OSError as exc:
         if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             raise
-        if not (final / MANIFEST).is_file():
+        if not (final / manifest).is_file():
             raise ConfigError(f"{final} is not a finished bundle: delete it and retry") from exc
 
 

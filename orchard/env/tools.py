@@ -68,7 +68,6 @@ key is removed once it has not been used (`build_tools` touches its manifest) fo
 from __future__ import annotations
 
 import base64
-import errno
 import fcntl
 import hashlib
 import json
@@ -96,7 +95,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from orchard.config import settings
-from orchard.env.bundle import _file_digest, _libpython
+from orchard.env.bundle import _file_digest, _libpython, _publish
 from orchard.errors import ConfigError
 
 Log = Callable[[str], None]
@@ -276,7 +275,7 @@ def build_tools(cache_dir: Path | None = None, *, log: Log | None = None, pins_f
             started = time.monotonic()
             _assemble(work, pins, interpreter, say)
             _write_manifest(work, pins, final.name, time.monotonic() - started)
-            _publish(work, final)
+            _publish(work, final, MANIFEST)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return ToolsBundle(final)
@@ -334,16 +333,6 @@ def _remove_stale(root: Path, keep: str) -> None:
                 shutil.rmtree(doomed, ignore_errors=True)
         except FileNotFoundError:
             pass  # another builder removed it
-
-
-def _publish(work: Path, final: Path) -> None:
-    try:
-        os.rename(work, final)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-            raise
-        if not (final / MANIFEST).is_file():
-            raise ConfigError(f"{final} is not a finished tools bundle: delete it and retry") from exc
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -164,13 +164,7 @@ class Keys:
 
     def route(self, headers: list[tuple[bytes, bytes]]) -> str:
         """The upstream path prefix of a request's granted key ('' for none)."""
-        for name, value in headers:
-            if name.decode("latin-1").lower() in KEY_HEADERS:
-                sent = value.decode("latin-1").strip()
-                sent = sent[7:].strip() if sent[:7].lower() == "bearer " else sent
-                if sent in self.routes:
-                    return "/" + self.routes[sent]
-        return ""
+        return next(("/" + self.routes[sent] for sent in _sent_keys(headers) if sent in self.routes), "")
 
     def revoke(self, key: str) -> None:
         self.granted.pop(key, None)
@@ -181,16 +175,20 @@ class Keys:
         key, False for none (or an unknown one)."""
         import hmac
 
-        for name, value in headers:
-            if name.decode("latin-1").lower() not in KEY_HEADERS:
-                continue
-            sent = value.decode("latin-1").strip()
-            sent = sent[7:].strip() if sent[:7].lower() == "bearer " else sent
+        for sent in _sent_keys(headers):
             if hmac.compare_digest(sent.encode(), self.key.encode()):
                 return True
             if sent in self.granted:
                 return self.granted[sent]
         return False
+
+
+def _sent_keys(headers: list[tuple[bytes, bytes]]) -> Iterator[str]:
+    """The keys a request carries, in any of `KEY_HEADERS` (a `Bearer ` prefix taken off)."""
+    for name, value in headers:
+        if name.decode("latin-1").lower() in KEY_HEADERS:
+            sent = value.decode("latin-1").strip()
+            yield sent[7:].strip() if sent[:7].lower() == "bearer " else sent
 
 
 def create_app(
