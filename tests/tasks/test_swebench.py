@@ -8,6 +8,7 @@ building the images and grading the gold patches on the real repositories is
 
 from __future__ import annotations
 
+import hmac
 import json
 import shlex
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchard.recipes.swe import specs
-from orchard.recipes.swe.grading import RUNNER, read_report
+from orchard.recipes.swe.grading import RUNNER, read_channel
 from orchard.recipes.swe.grading import test_command as command
 from orchard.recipes.swe.task import SWETask
 from orchard.tasks.loading import load_tasks
@@ -75,20 +76,19 @@ def test_a_row_overrides_its_spec_field_by_field(tasks):
 
 def test_test_commands_are_swebench_s(tasks):
     """Directives from the test patch (Django labels for Django), never the raw test ids."""
-    report = "/tmp/r/report.xml"
-    django = command(tasks["django__django-16379"], report)
+    django = command(tasks["django__django-16379"])
     assert django == "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 cache.tests"
-    assert command(tasks["django__django-17087"], report).endswith("--parallel 1 migrations.test_writer")
-    sympy = command(tasks["sympy__sympy-24213"], report)
+    assert command(tasks["django__django-17087"]).endswith("--parallel 1 migrations.test_writer")
+    sympy = command(tasks["sympy__sympy-24213"])
     assert sympy == (
         "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose "
         "sympy/physics/units/tests/test_quantities.py"
     )
-    flask = command(tasks["pallets__flask-5063"], report)
-    assert flask == f"python3 -c {shlex.quote(RUNNER)} -rA --junitxml={report} -o junit_prefix= tests/test_cli.py"
+    flask = command(tasks["pallets__flask-5063"])
+    assert flask == f"python3 -c {shlex.quote(RUNNER)} -rA tests/test_cli.py"
     assert "addopts" not in flask  # the repository's own options apply
     for task in tasks.values():
-        assert not any(test in command(task, report) for test in task.tests)
+        assert not any(test in command(task) for test in task.tests)
 
 
 def test_rows_without_a_spec_run_pytest_on_their_test_files():
@@ -99,22 +99,81 @@ def test_rows_without_a_spec_run_pytest_on_their_test_files():
     )  # fmt: skip
     env = task.environment()
     assert env.source == "row" and env.python is None and env.install == () and env.parser is None
-    assert command(task, "/r.xml").endswith("-o junit_prefix= tests/test_a.py tests/test_b.py")
+    assert command(task).endswith(" tests/test_a.py tests/test_b.py")
 
 
-def test_junit_ids_cut_at_a_space_match_as_swebench_s_do():
+KEY = "k" * 64
+
+
+def signed(records, key: str = KEY) -> str:
+    """The channel's text for these records, numbered in order (a record's own `n` wins), each
+    signed as the runner signs it; a string stands for itself."""
+    lines = []
+    for n, record in enumerate(records):
+        payload = json.dumps({"n": n, **record}, sort_keys=True) if isinstance(record, dict) else record
+        lines.append(payload + "\t" + hmac.new(key.encode(), payload.encode(), "sha256").hexdigest())
+    return "".join(line + "\n" for line in lines)
+
+
+def channel(*records: dict, exit_code: int = 1, known=("t.py::a", "t.py::b[x")) -> tuple:
+    """`read_channel` on these records."""
+    read = read_channel(signed(records), exit_code, list(known), KEY)
+    return read.statuses, dict(read.counts), read.problems
+
+
+def phases(test: str, call: str = "passed", *, setup: str = "passed", teardown: str = "passed", xfail=False):
+    return [
+        {"id": test, "when": "setup", "outcome": setup, "xfail": xfail and call == ""},
+        *([{"id": test, "when": "call", "outcome": call, "xfail": xfail}] if call else []),
+        {"id": test, "when": "teardown", "outcome": teardown, "xfail": False},
+    ]
+
+
+def test_a_record_signed_with_another_key_is_not_the_runner_s():
+    text = signed([*phases("t.py::a"), {"end": 0}], key="f" * 64)
+    read = read_channel(text, 0, ["t.py::a"], KEY)
+    assert read.problems == ["record 0 of the results channel is not the runner's (unsigned or out of order)"]
+    assert read.statuses == {}
+
+
+def test_channel_statuses_are_pytest_s_and_ids_cut_at_a_space_match_as_swebench_s_do():
     """SWE-bench's ids are what its parser takes from `PASSED <id>`: cut at the first space."""
-    xml = b"""<testsuites><testsuite>
-      <testcase classname="tests.test_a" name="test_p[a b]"/>
-      <testcase classname="tests.test_a.TestQ" name="test_q[x - y]"><failure message="no"/></testcase>
-      <testcase classname="tests.test_a" name="test_s"><skipped type="pytest.skip"/></testcase>
-      <testcase classname="tests.test_a" name="test_x"><skipped type="pytest.xfail"/></testcase>
-      <testcase classname="tests.test_a" name="test_other"/>
-    </testsuite></testsuites>"""
-    known = ["tests/test_a.py::test_p[a", "tests/test_a.py::TestQ::test_q[x", "tests/test_a.py::test_s"]
-    statuses, counts = read_report(xml, [*known, "tests/test_a.py::test_x", "tests/test_a.py::test_gone"])
-    assert statuses == {known[0]: "PASSED", known[1]: "FAILED", known[2]: "SKIPPED", "tests/test_a.py::test_x": "XFAIL"}
-    assert counts == {"PASSED": 2, "FAILED": 1, "SKIPPED": 1, "XFAIL": 1}
+    statuses, counts, problems = channel(
+        *phases("t.py::a", "skipped", xfail=True), *phases("t.py::b[x y]", "failed"), *phases("t.py::c"), {"end": 1}
+    )
+    assert statuses == {"t.py::a": "XFAIL", "t.py::b[x": "FAILED"} and problems == []
+    assert counts == {"XFAIL": 1, "FAILED": 1, "PASSED": 1}
+    statuses, _, _ = channel(
+        *phases("t.py::a", "passed", teardown="failed"), *phases("t.py::b[x", "", setup="failed"), {"end": 1}
+    )
+    assert statuses == {"t.py::a": "ERROR", "t.py::b[x": "ERROR"}
+    statuses, _, _ = channel(
+        *phases("t.py::a", "passed", xfail=True), *phases("t.py::b[x", "", setup="skipped"), {"end": 0}, exit_code=0
+    )
+    assert statuses == {"t.py::a": "XPASS", "t.py::b[x": "SKIPPED"}
+
+
+@pytest.mark.parametrize(
+    ("records", "exit_code", "problem"),
+    [
+        ([*phases("t.py::a"), {"end": 0}], 0, None),
+        ([*phases("t.py::a")], 0, "the test process ended before pytest finished (it exited 0)"),
+        ([*phases("t.py::a"), {"end": 1}], 0, "the test process exited 0 after pytest finished with 1"),
+        ([*phases("t.py::a"), {"end": 1}], 1, "pytest exited 1, for failures, but no test failed"),
+        (
+            [*phases("t.py::a"), {"end": 0}, {"id": "t.py::b[x", "when": "call", "outcome": "passed"}],
+            0,
+            "goes on after",
+        ),
+        ([*phases("t.py::a"), phases("t.py::a")[1], {"end": 0}], 0, "reports t.py::a (call) twice"),
+        ([{"violation": "gc.get_objects"}, *phases("t.py::a"), {"end": 0}], 0, "refuses: gc.get_objects"),
+        ([{"id": "t.py::a", "when": "call", "outcome": "passed", "n": 3}, {"end": 0}], 0, "record 0 of the"),
+        (["not a record"], 0, "record 0 of the results channel is not the runner's"),
+    ],
+)
+def test_a_channel_the_test_process_interfered_with_is_a_problem(records, exit_code, problem):
+    problems = read_channel(signed(records), exit_code, ["t.py::a"], KEY).problems
+    assert (problems == []) if problem is None else any(problem in p for p in problems), problems
 
 
 def test_swebench_s_pass_rule():
@@ -134,17 +193,6 @@ def test_a_datasets_folder_of_the_rows_loads_the_same_tasks(tmp_path: Path, task
 
 
 LOGS = Path(__file__).parent / "data" / "logs"
-
-
-@pytest.mark.parametrize("instance_id", ["pallets__flask-5063", "pytest-dev__pytest-9359"])
-def test_junit_reports_read_as_swebench_s_parser_reads_the_log(tasks, instance_id):
-    """Real output of gold grades (`data/logs/`, captured from `./dev swe-real`): each id's status
-    from the JUnit report is the one SWE-bench's parser reads from the same run's log."""
-    task = tasks[instance_id]
-    statuses, counts = read_report((LOGS / f"{instance_id}.xml").read_bytes(), task.tests)
-    parsed = specs.log_parser(task.repo)((LOGS / f"{instance_id}.log").read_text())  # type: ignore[misc]
-    assert statuses == {test: parsed[test] for test in task.tests}
-    assert set(statuses.values()) <= {"PASSED", "XFAIL", "SKIPPED"} and sum(counts.values()) >= len(task.tests)
 
 
 @pytest.mark.parametrize("instance_id", ["django__django-16379", "django__django-17087", "sympy__sympy-24213"])
@@ -169,9 +217,7 @@ def test_pytest_anywhere_in_a_test_command_runs_through_orchard_s_runner():
         FAIL_TO_PASS=["tests/test_a.py::test_x"], test_cmd="sleep 1; X=1 python3.9 -m pytest -rA",
     )  # fmt: skip
     assert task.environment().parser is None
-    assert command(task, "/r.xml") == (
-        f"sleep 1; X=1 python3 -c {shlex.quote(RUNNER)} -rA --junitxml=/r.xml -o junit_prefix= tests/test_a.py"
-    )
+    assert command(task) == f"sleep 1; X=1 python3 -c {shlex.quote(RUNNER)} -rA tests/test_a.py"
     for other in ("tox -epy39 --", "make test", "pip install pytest && ./run"):
         assert not specs.is_pytest(other), other
 

@@ -21,25 +21,25 @@ fsmonitor disabled, without system or global configuration, throughout.
 The tests run as SWE-bench's evaluation script runs them (`_run_tests`): the repository's
 `install` again, then its test command with the test directives from the test patch
 (`test_command`: `pytest -rA tests/test_cli.py`, Django's `./tests/runtests.py ... cache.tests`,
-sympy's `bin/test ...`), FAIL_TO_PASS and PASS_TO_PASS in one run. Where the runner is pytest, it
-starts with the working tree at the end of `sys.path`, not the front, and the standard modules
-pytest imports after its import mode has put the root conftest's folder first (`pdb`, `doctest`,
-...) are imported before (`RUNNER`), so nothing in the tree can stand in for the runner or for
-them, and each test's status is read from a JUnit XML report written to a fresh random folder
-outside the working tree (`read_report`), which must agree with the runner's exit status. Other
-runners' output is read with SWE-bench's log parser for the repository (`orchard.recipes.swe.specs`),
-which a test's own output can imitate. Compiled files in the tree (`__pycache__`, `*.pyc`: planted
-ones would be imported in place of their source) are deleted before the run. Resolved is
-SWE-bench's rule: every FAIL_TO_PASS and every PASS_TO_PASS test passed (PASSED or XFAIL) or was
-skipped, none failed, errored or went missing. A run in which no test ran at all is `error` when
-the tests find none without the patch either (the task or its environment is broken), else
-`unresolved` (the patch broke the test run).
+sympy's `bin/test ...`), FAIL_TO_PASS and PASS_TO_PASS in one run. Compiled files in the tree
+(`__pycache__`, `*.pyc`: planted ones would be imported in place of their source) are deleted
+before the run. Resolved is SWE-bench's rule: every FAIL_TO_PASS and every PASS_TO_PASS test passed
+(PASSED or XFAIL) or was skipped, none failed, errored or went missing. A run in which no test ran
+at all is `error` when the tests find none without the patch either (the task or its environment
+is broken), else `unresolved` (the patch broke the test run).
 
-Library code runs inside the test process, so a fix can still monkeypatch the tests or the report
-from its own code at import. That is not prevented but flagged: `Grade.suspicious` lists what in
-the patch reaches for the test run (`TaskInfra.suspicious`), and a report that disagrees with the
-runner's exit status. A flagged grade keeps its outcome (the heuristics also flag honest fixes,
-pytest's own say, so they must not decide a score alone); reports count flagged ones separately.
+Where the runner is pytest, it starts through `RUNNER` (`orchard.recipes.swe.pytest_runner`), and
+the grade is read from nothing the code under test can rewrite after the fact. The working tree is last on
+`sys.path`, so nothing in it stands in for pytest or the modules pytest imports late. Each test's
+result is sent to this host while the tests run, over a channel the process cannot take back, and
+sealed by an audit hook set before the tree is imported, which refuses what a fix has no business
+doing in a test run (gc introspection, tracing, ctypes, memory writes, changing pytest, registering
+plugins) and reports it on the channel. `read_channel` reads it: a violation, a channel out of
+order, a process that left before pytest's end or exited otherwise than pytest said, is
+`unresolved` and flagged. Other runners' output is read with SWE-bench's log parser for the
+repository (`orchard.recipes.swe.specs`), which a test's own output can imitate; there,
+`Grade.suspicious` still lists what in the patch reaches for the test run (`TaskInfra.suspicious`),
+without deciding the outcome (the heuristics also flag honest fixes).
 
 Every way of not resolving is an outcome, never an exception: `empty_patch`, `patch_failed` (it
 does not apply, or it is refused), `unresolved` (tests ran), `timeout` (the tests hung), `error`
@@ -49,19 +49,22 @@ machine is at fault, not the patch).
 
 from __future__ import annotations
 
+import contextlib
+import hmac
+import json
 import posixpath
 import re
 import secrets
 import shlex
 import time
-import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from orchard.errors import InvalidRequest, NotFound, OrchardError
-from orchard.recipes.swe import specs
+from orchard.errors import InvalidRequest, OrchardError
+from orchard.recipes.swe import pytest_runner, specs
 from orchard.recipes.swe.infra import TaskInfra
 from orchard.tasks.base import Grade as BaseGrade
 from orchard.tasks.base import task_sandbox
@@ -78,7 +81,6 @@ DEFAULT_TEST_TIMEOUT = 900.0
 GRADING_NETWORK = "dropped"
 """Tests run with no network, as on one that drops packets: a test expecting a connect timeout
 (requests' `TestTimeout`) gets one, instead of the immediate failure a `blocked` sandbox gives."""
-REPORT_LIMIT = 32 * 1024 * 1024
 INSTALL_OUTPUT = ">>>>> Install Output"
 START_TEST_OUTPUT = ">>>>> Start Test Output"
 END_TEST_OUTPUT = ">>>>> End Test Output"
@@ -109,16 +111,13 @@ CHANGED = (
 )
 """What the appliers changed (entries in one listing and not the other), then every link in the
 tree and its target. Only `find`, `sort` and `comm` run: nothing the patch could have written."""
-RUNNER = (
-    "import os, sys; cwd = os.getcwd(); "
-    "sys.path[:] = [p for p in sys.path if p not in ('', '.', cwd)] + [cwd]; "
-    "import pytest, pdb, cmd, code, codeop, doctest, faulthandler; sys.exit(pytest.main())"
-)
-"""`python -m pytest`, with the working tree last on `sys.path` instead of first (any Python 3).
-pytest's default import mode then puts the root conftest's folder first, and imports `pdb` (with
-`cmd`, `code`, `codeop`), `doctest` and `faulthandler` only after that: they are imported before,
-so a `pdb.py` in the tree is never taken for them (measured with pytest 7 on a failing, skipping,
-xfailing, warning run: nothing else of the standard library is imported that late)."""
+RUNNER = Path(pytest_runner.__file__).read_text()
+"""The runner pytest starts through (`orchard.recipes.swe.pytest_runner`): the working tree last on
+`sys.path`, the standard modules pytest imports late imported first, and each test's result sent
+over the channel on fd 3, sealed against the code under test."""
+CHANNEL = "3>&1 1>&2"
+"""The runner's fd 3 is the command's stdout; everything else the command prints goes to stderr."""
+STATUS_RANK = {"PASSED": 0, "XFAIL": 1, "SKIPPED": 2, "XPASS": 3, "FAILED": 4, "ERROR": 5}
 _DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 MAX_NAME = 4096
 MAX_SPACES = 64
@@ -325,58 +324,89 @@ def touched_files(diff: str) -> list[str]:
     return files
 
 
-def test_command(task: SWETask, report: str) -> str:
+def test_command(task: SWETask) -> str:
     """The command that runs the task's tests as SWE-bench does (its `test_cmd`, then the test
-    directives), writing a JUnit report to `report` when the runner is pytest: the one place that
-    decides how tests run (`_run_tests` is where they are read). pytest, whether named as a
-    script or as `python -m pytest`, starts through `RUNNER`."""
+    directives): the one place that decides how tests run (`_run_tests` is where they are read).
+    pytest, whether named as a script or as `python -m pytest`, starts through `RUNNER`."""
     env = task.environment()
     directives = " ".join(shlex.quote(d) for d in task.directives)
     if env.parser is not None:
         return f"{env.test_cmd} {directives}"
     command = specs.PYTEST.sub(lambda m: f"{m['lead']}python3 -c {shlex.quote(RUNNER)}", env.test_cmd)
-    return f"{command} --junitxml={shlex.quote(report)} -o junit_prefix= {directives}"
+    return f"{command} {directives}"
 
 
-def read_report(xml: bytes, known: Sequence[str]) -> tuple[dict[str, str], Counter[str]]:
-    """Test id -> status from a JUnit XML report, for the ids in `known`, and how many of the
-    report's test cases (all of them, known or not) have each status. pytest names a test in it
-    by `classname` and `name`: `tests/test_a.py::TestX::test_y[1]` is `tests.test_a.TestX`,
-    `test_y[1]`; an id cut at its first space, as SWE-bench's are (`test_y[a` for `test_y[a b]`),
-    names the test whose name starts so.
-    An unreadable report names nothing."""
-    if b"<!DOCTYPE" in xml or b"<!ENTITY" in xml:
-        return {}, Counter()
-    try:
-        root = ElementTree.fromstring(xml)
-    except ElementTree.ParseError:
-        return {}, Counter()
-    by_address = {_junit_address(test): test for test in known}
-    rank = {"PASSED": 0, "XFAIL": 1, "SKIPPED": 2, "FAILED": 3, "ERROR": 4}
-    statuses: dict[str, str] = {}
-    counts: Counter[str] = Counter()
-    for case in root.iter("testcase"):
-        status = "PASSED"
-        for child in case:
-            if child.tag == "skipped":
-                seen = "XFAIL" if child.get("type") == "pytest.xfail" else "SKIPPED"
-            else:
-                seen = {"failure": "FAILED", "error": "ERROR"}.get(child.tag, "PASSED")
-            status = max(status, seen, key=rank.__getitem__)
-        counts[status] += 1
-        classname, name = case.get("classname", ""), case.get("name", "")
-        test = by_address.get((classname, name)) or by_address.get((classname, name.split(" ", 1)[0]))
-        if test is not None:
-            statuses[test] = max(statuses.get(test, status), status, key=rank.__getitem__)
-    return statuses, counts
+@dataclass
+class Channel:
+    """What the runner sent: each test's status, how many tests had each, and what is wrong with it."""
+
+    statuses: dict[str, str] = field(default_factory=dict)
+    counts: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+    ended: bool = False
 
 
-def _junit_address(test: str) -> tuple[str, str]:
-    path, bracket, params = test.partition("[")
-    names = path.split("::")
-    names[0] = re.sub(r"\.py$", "", names[0].replace("/", "."))
-    names[-1] += bracket + params
-    return ".".join(names[:-1]), names[-1]
+def read_channel(text: str, exit_code: int | None, known: Sequence[str], key: str) -> Channel:
+    """Each test's status from the runner's channel (`RUNNER`), for the ids in `known` (SWE-bench's
+    ids, cut at the first space: `test_y[a` names `test_y[a b]`), and every sign that the process
+    interfered with it: a record not signed with `key`, out of order, twice, after the end; a violation the
+    runner refused; no end (the process left before pytest finished); an exit status other than
+    pytest's. A phase maps to a status as pytest's own summary names it: a failed setup or
+    teardown is ERROR, a failed call FAILED, a skip SKIPPED (XFAIL when expected to fail), a pass
+    PASSED (XPASS when expected to fail); a test's status is the worst of its phases."""
+    channel = Channel()
+    wanted = set(known)
+    phases: set[tuple[str, str]] = set()
+    end: int | None = None
+    for index, line in enumerate(text.splitlines()):
+        payload, _, mac = line.encode().rpartition(b"\t")
+        record = None
+        if hmac.compare_digest(hmac.new(key.encode(), payload, "sha256").hexdigest().encode(), mac):
+            with contextlib.suppress(ValueError):
+                record = json.loads(payload)
+        if not isinstance(record, dict) or record.get("n") != index:
+            channel.problems.append(
+                f"record {index} of the results channel is not the runner's (unsigned or out of order)"
+            )
+            break
+        if end is not None:
+            channel.problems.append("the results channel goes on after pytest's end")
+            break
+        if "violation" in record:
+            channel.problems.append(f"the test process did what a graded run refuses: {str(record['violation'])[:200]}")
+        elif "end" in record:
+            end = record["end"] if isinstance(record["end"], int) else -1
+        else:
+            test, when = str(record.get("id", "")), str(record.get("when"))
+            if (test, when) in phases:
+                channel.problems.append(f"the results channel reports {test} ({when}) twice")
+                break
+            phases.add((test, when))
+            status = _phase_status(when, record.get("outcome"), bool(record.get("xfail")))
+            if status is None:
+                continue
+            channel.counts[status] += 1
+            for name in {test, test.split(" ", 1)[0]} & wanted:
+                old = channel.statuses.get(name, status)
+                channel.statuses[name] = max(old, status, key=STATUS_RANK.__getitem__)
+    channel.ended = end is not None
+    if end is None and phases:
+        channel.problems.append(f"the test process ended before pytest finished (it exited {exit_code})")
+    elif end is not None and end != exit_code:
+        channel.problems.append(f"the test process exited {exit_code} after pytest finished with {end}")
+    elif end == 1 and not channel.counts["FAILED"] + channel.counts["ERROR"]:
+        channel.problems.append("pytest exited 1, for failures, but no test failed")
+    return channel
+
+
+def _phase_status(when: object, outcome: object, xfail: bool) -> str | None:
+    if outcome == "failed":
+        return "FAILED" if when == "call" else "ERROR"
+    if outcome == "skipped":
+        return "XFAIL" if xfail else "SKIPPED"
+    if outcome == "passed" and when == "call":
+        return "XPASS" if xfail else "PASSED"
+    return None
 
 
 def grade_in(box: Sandbox, task: SWETask, patch: str, *, timeout: float = DEFAULT_TEST_TIMEOUT) -> Grade:
@@ -522,22 +552,25 @@ def _run_tests(box: Sandbox, task: SWETask, timeout: float, grade: Grade, *, rei
         if setup.timed_out:
             grade.outcome, grade.error = "timeout", f"installing the repository took longer than {timeout:g} s"
             return
-    folder = f"/tmp/orchard-grade-{secrets.token_hex(16)}"
-    report = f"{folder}/report.xml"
-    command = f"mkdir -m 700 {folder} && {FORGET_COMPILED} && {{\n{prelude}\n{test_command(task, report)}\n}} 2>&1"
+    redirect = "2>&1" if parse is not None else CHANNEL
+    key = secrets.token_hex(32)
+    if parse is None:  # the runner reads it, and deletes it, before the tree is imported
+        box.write_file(pytest_runner.KEY_FILE, key)
+    command = f"{FORGET_COMPILED} && {{\n{prelude}\n{test_command(task)}\n}} {redirect}"
     run = box.exec(command, cwd=task.workdir, timeout=timeout)
-    grade.log += f"{START_TEST_OUTPUT}\n{run.stdout}{run.stderr}\n{END_TEST_OUTPUT}\n"
+    output = run.stdout + run.stderr if parse is not None else run.stderr
+    grade.log += f"{START_TEST_OUTPUT}\n{output}\n{END_TEST_OUTPUT}\n"
     if run.timed_out:
         grade.outcome, grade.error = "timeout", f"the tests ran longer than {timeout:g} s"
         return
     if parse is None:
-        try:
-            seen, counts = read_report(box.read_file(report, max_bytes=REPORT_LIMIT), task.tests)
-        except (NotFound, InvalidRequest):  # no report (pytest did not start) or a huge one
-            seen, counts = {}, Counter()
+        channel = read_channel(run.stdout, run.exit_code, task.tests, key)
+        seen, counts = channel.statuses, channel.counts
+        problems = channel.problems
     else:
-        parsed = parse(run.stdout + run.stderr)
+        parsed = parse(output)
         seen, counts = {t: parsed[t] for t in task.tests if t in parsed}, Counter(parsed.values())
+        problems = []
     for names, bucket in ((task.fail_to_pass, grade.fail_to_pass), (task.pass_to_pass, grade.pass_to_pass)):
         for name in names:
             grade.tests[name] = status = seen.get(name, "MISSING")
@@ -546,16 +579,15 @@ def _run_tests(box: Sandbox, task: SWETask, timeout: float, grade: Grade, *, rei
             elif specs.failed(status):
                 bucket["failure"].append(name)
     grade.checks["tests_found"] = sum(counts.values()) > 0
+    if problems:  # the test process interfered with its runner: whatever it reported, not resolved
+        grade.outcome, grade.error = "unresolved", problems[0]
+        grade.suspicious += problems
+        return
     if not grade.checks["tests_found"]:
         grade.outcome = "error"
         grade.error = f"no test ran: the test command found none (it exited {run.exit_code})"
         return
     failed = grade.fail_to_pass["failure"] or grade.pass_to_pass["failure"]
-    if parse is None and not failed and run.exit_code != 0 and not counts["FAILED"] + counts["ERROR"]:
-        grade.outcome = "unresolved"
-        grade.error = f"every test passed in the report, but the test command exited {run.exit_code}"
-        grade.suspicious.append("the test report and the runner's exit status disagree")
-        return
     grade.outcome = "unresolved" if failed else "resolved"
 
 
@@ -571,7 +603,7 @@ def grade_patch(
             grade = grade_in(box, task, patch, timeout=timeout)
     except OrchardError as exc:
         grade = Grade(task.instance_id, "error", error=f"could not start the task's sandbox: {exc}")
-    if grade.checks.get("tests_found") is False:
+    if grade.outcome == "error" and grade.checks.get("tests_found") is False:
         baseline = Grade(task.instance_id, "unresolved")
         try:
             with task_sandbox(client, task, image, network=GRADING_NETWORK) as box:
