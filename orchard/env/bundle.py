@@ -93,10 +93,19 @@ DEFAULT_MOUNT = "/.orchard"
 MANIFEST = "bundle.json"
 EXTRA_LIBRARIES = ("libgcc_s.so.1",)
 """Loaded with dlopen by glibc (thread cancellation/exit), so `ldd` does not list them."""
-LAZY_MODULES = ["encodings.ascii", "encodings.latin_1", "encodings.utf_8", "fcntl", "gzip", "termios", "traceback"]
-"""Imported only when needed by code paths an agent hits: the common codecs, `tarfile.open`
-with "r:*" (gzip), `socketserver`'s error handler (traceback), the terminal of ``/pty`` (fcntl,
-termios). Bundled with their closure."""
+LAZY_MODULES = [
+    "ctypes",
+    "encodings.ascii",
+    "encodings.latin_1",
+    "encodings.utf_8",
+    "fcntl",
+    "gzip",
+    "termios",
+    "traceback",
+]
+"""Imported only when needed by code paths an agent hits: `ctypes` (the agent's `prctl` at start),
+the common codecs, `tarfile.open` with "r:*" (gzip), `socketserver`'s error handler (traceback),
+the terminal of ``/pty`` (fcntl, termios). Bundled with their closure."""
 SERVER_MODULES = [
     "calendar",
     "copy",

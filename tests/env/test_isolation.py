@@ -88,6 +88,68 @@ def test_the_run_folder_holds_under_gvisor_too(runsc, base_image, tmp_path):
         _attack_run_folder(gvisor, base_image)
 
 
+ATTACK_AGENT = r"""
+import ctypes, os, sys
+def argv(pid):
+    return open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+agent = next(  # the interpreter running the agent (not the init in front of it, which names it too)
+    int(pid) for pid in os.listdir("/proc")
+    if pid.isdigit() and argv(pid)[0].startswith(b"/.orchard/") and b"/.orchard/agent/__main__.py" in argv(pid)
+)
+libc = ctypes.CDLL(None, use_errno=True)
+PTRACE_ATTACH, PTRACE_SEIZE = 16, 0x4206
+for request in (PTRACE_ATTACH, PTRACE_SEIZE):
+    if libc.ptrace(request, agent, 0, 0) == 0:
+        print("DID: ptrace", request)
+for name, mode in (("mem", "r+b"), ("mem", "rb"), ("environ", "rb"), ("maps", "rb")):
+    try:
+        with open(f"/proc/{agent}/{name}", mode):
+            print("DID: open", name, mode)
+    except OSError:
+        pass
+try:
+    os.readlink(f"/proc/{agent}/fd/0")
+    print("DID: readlink fd")
+except OSError:
+    pass
+iov = (ctypes.c_char * 8)()
+class Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+local = Iovec(ctypes.addressof(iov), 8)
+remote = Iovec(0x400000, 8)
+if libc.process_vm_writev(agent, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) >= 0:
+    print("DID: process_vm_writev")
+print("checked", agent, "own maps readable:", bool(open(f"/proc/{os.getpid()}/maps").read()))  # still dumpable
+"""
+
+
+def _attack_agent(client, image: str) -> list[str]:
+    """From a command as the sandbox's root: attach to the agent, write or read its memory, its
+    environment (its token was there), its descriptors. What succeeded."""
+    with client.create(image) as box:
+        box.write_file("/tmp/attack.py", ATTACK_AGENT)
+        done = box.exec("python3 /tmp/attack.py")
+        assert done.ok and "checked" in done.stdout and "own maps readable: True" in done.stdout, done
+        assert box.exec("echo still-here").stdout == "still-here\n"
+        return [line for line in done.stdout.splitlines() if line.startswith("DID:")]
+
+
+def test_commands_can_neither_attach_to_the_agent_nor_touch_its_memory(client, base_image):
+    assert _attack_agent(client, base_image) == []
+
+
+def test_the_agent_is_out_of_reach_under_gvisor_too(runsc, base_image, tmp_path):
+    """gVisor refuses attaching and the memory by itself (it keeps Yama's `ptrace_scope` 1: only a
+    parent may attach), whatever the flag; it does not apply dumpability to the agent's other `/proc`
+    entries (its environment, maps, descriptors stay readable), as the README says."""
+    from orchard.env import Client
+    from orchard.env.backends import DockerConfig
+
+    with Client(backend=DockerConfig(runtime="runsc"), store=Store.open(f"sqlite:///{tmp_path}/g.db")) as gvisor:
+        did = _attack_agent(gvisor, base_image)
+    assert not [line for line in did if "ptrace" in line or "mem" in line or "process_vm" in line], did
+
+
 OPERATOR_SCRIPT = """
 import json, os, sys
 from orchard.env import Client

@@ -188,8 +188,25 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+PR_SET_DUMPABLE = 4
+
+
+def not_dumpable() -> bool:
+    """Make this process non-dumpable, so that the commands it runs (its own user's, with no
+    CAP_SYS_PTRACE) can neither attach to it nor open its memory, descriptors or environment under
+    `/proc`: no command can rewrite what the agent tells the host. A command's own process is
+    dumpable again once it has `exec`ed. False where it cannot be done (no ctypes, not Linux)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (ImportError, OSError, AttributeError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Start the agent: read (and remove) the token, bind, serve until SIGTERM or SIGINT."""
+    """Start the agent: made non-dumpable, read (and remove) the token, bind, serve until SIGTERM or SIGINT."""
+    not_dumpable()
     options = parse_args(sys.argv[1:] if argv is None else argv)
     token = os.environ.pop(TOKEN_ENV, "")
     token_sha256 = os.environ.pop(TOKEN_SHA256_ENV, "")
