@@ -20,7 +20,8 @@ pending sandbox waits for it (up to `timeout_seconds`); on a failed one it is 40
 The service holds one keep-alive connection to each sandbox's agent (a Unix socket locally) and
 runs commands as jobs on the event loop; Docker is called only to create and delete. Every route
 but `GET /` and `GET /health` needs the `X-API-Key` header (401 missing, 403 wrong), checked
-before a byte of the body is read; bodies are capped as they arrive, chunked or not (413).
+before a byte of the body is read; a request's head is capped before the key is read (431 past
+`MAX_REQUEST_HEAD`), bodies as they arrive, chunked or not (413).
 
 Clients hold the key; sandboxes are hostile, so what the service reads from one is bounded: a
 file (`GET /files`, 64 MiB), a tar (`GET /archive`, 1 GiB, spooled to a temporary file and
@@ -113,12 +114,57 @@ JOB_KEEP_SECONDS = 3600.0
 """Finished jobs stay readable at least this long."""
 KEPT_OUTPUT_BYTES = 256 * 2**20
 """Memory the output of all finished jobs may take; past it the oldest jobs' output is dropped."""
+MAX_REQUEST_HEAD = 64 * 1024
+"""Largest request head (request line and headers) the service takes, before anything else, the
+key included: 431 and the connection closed beyond. What one connection makes the service hold
+before that is this plus one read (256 KiB at most)."""
+
+
+def capped_http_protocol() -> type | str:
+    """uvicorn's httptools protocol with the request head capped at `MAX_REQUEST_HEAD` (httptools
+    holds a header's value whole until it ends, so a client without a key could make the service
+    hold any amount); `h11` (capped by uvicorn's own option) where httptools is not installed."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return "h11"
+
+    class CappedHead(HttpToolsProtocol):
+        head_bytes = 0
+        head_done = False
+
+        def on_message_begin(self) -> None:
+            self.head_bytes, self.head_done = 0, False
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self.head_done = True
+            super().on_headers_complete()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.head_done or self.transport.is_closing():
+                return
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_REQUEST_HEAD:
+                message = f"the request's head is over {MAX_REQUEST_HEAD // 1024} KiB".encode()
+                self.transport.write(
+                    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(message), message)
+                )
+                self.transport.close()
+
+    return CappedHead
+
+
 UVICORN_OPTIONS: dict[str, Any] = {
     "timeout_keep_alive": 150,
     "access_log": False,
     # A client's address is the peer's: uvicorn would otherwise take X-Forwarded-For from any
     # loopback client, so one client could name itself many and take every command slot.
     "proxy_headers": False,
+    "http": capped_http_protocol(),
+    "h11_max_incomplete_event_size": MAX_REQUEST_HEAD,
 }
 """How `orchard up` runs uvicorn (tests run their services with the same)."""
 HEARTBEAT_SILENCE_SECONDS = 180.0

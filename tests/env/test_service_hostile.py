@@ -104,6 +104,44 @@ def test_a_huge_chunked_body_without_a_key_is_refused_before_it_is_read(up):
     assert httpx.get(f"{up.url}/health").status_code == 200
 
 
+def _unfinished_head(port: int, size: int) -> tuple[bytes, int]:
+    """A request whose one header grows to `size` bytes without ending, no key: what the service
+    answered, and how much it took before it stopped reading."""
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+        try:
+            conn.sendall(b"GET /sandboxes HTTP/1.1\r\nHost: orchard\r\nX-Flood: ")
+            chunk = b"a" * MiB
+            while sent < size:
+                conn.sendall(chunk)
+                sent += len(chunk)
+        except OSError:  # the service closed the connection: what it was sent last never arrived
+            pass
+        try:
+            answer = conn.recv(4096)
+        except OSError:
+            answer = b""
+    return answer, sent
+
+
+def test_fifty_unfinished_64_mib_heads_without_a_key_leave_the_service_small_and_serving(up):
+    """A request head is capped before the key is read: each flood gets a 431 after its first
+    64 KiB (plus the kernel's buffers), while `/health` and a client with the key are served."""
+    up.reset_peak()
+    with ThreadPoolExecutor(50) as pool:
+        floods = [pool.submit(_unfinished_head, up.port, 64 * MiB) for _ in range(50)]
+        assert httpx.get(f"{up.url}/health", timeout=30).status_code == 200
+        listed = httpx.get(f"{up.url}/sandboxes", headers={"X-API-Key": up.key}, timeout=30)
+        assert listed.status_code == 200
+        answers = [flood.result() for flood in floods]
+    for answer, sent in answers:
+        assert sent < 16 * MiB, f"the service read {sent / MiB:.0f} MiB of one head"
+        assert answer.startswith(b"HTTP/1.1 431 ") or answer == b"", answer[:100]  # or reset first
+    assert any(answer.startswith(b"HTTP/1.1 431 ") for answer, _ in answers)
+    assert up.peak_memory() < SMALL_RSS, f"peak {up.peak_memory() / MiB:.0f} MiB"
+    assert httpx.get(f"{up.url}/health").status_code == 200
+
+
 def test_a_huge_chunked_body_with_a_key_is_cut_off_at_the_cap(start_service, tmp_path):
     """800 MiB chunked to an upload route with a valid key: 413 past the 1 MiB cap, the rest never read."""
     with start_service(tmp_path / "s.db", max_upload_bytes=MiB) as (url, key):

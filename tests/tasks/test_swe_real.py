@@ -78,6 +78,10 @@ def without_main_hunk(patch: str) -> str:
 
 
 def test_gold_resolves_every_instance_and_broken_patches_none(mirror: Path, tmp_path: Path, docker_client):
+    """Every row's gold patch resolves (pytest's rows through the sealed runner), and the same patch
+    without its main hunk resolves none.
+
+    Slow: seven real repositories' test runs, twice (about 6 minutes with their images cached)."""
     tasks = load_tasks(ROWS)
     gold = eval_cli(
         "--predictions", "gold", "--repos", str(mirror), "--report", str(tmp_path / "gold.json"), home=tmp_path
