@@ -8,6 +8,7 @@ The same forgeries graded end to end in a sandbox are in `tests/eval/test_honest
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -76,7 +77,7 @@ def run(project: Path, library: str = LIBRARY) -> tuple:
     """The runner on `project` with `library` as `lib/__init__.py`: (channel, the tests' output)."""
     (project / "lib" / "__init__.py").write_text(library)
     key, key_file = secrets.token_hex(32), project.parent / "key"
-    key_file.write_text(key)
+    key_file.write_text(key + "\n" + json.dumps(IDS))
     env = {**os.environ, "ORCHARD_GRADE_KEY_FILE": str(key_file)}
     command = f'{{ {sys.executable} -c "$RUNNER" -rA -p no:cacheprovider tests/test_a.py; }} {CHANNEL}'
     done = subprocess.run(

@@ -555,7 +555,7 @@ def _run_tests(box: Sandbox, task: SWETask, timeout: float, grade: Grade, *, rei
     redirect = "2>&1" if parse is not None else CHANNEL
     key = secrets.token_hex(32)
     if parse is None:  # the runner reads it, and deletes it, before the tree is imported
-        box.write_file(pytest_runner.KEY_FILE, key)
+        box.write_file(pytest_runner.KEY_FILE, key + "\n" + json.dumps(task.tests))
     command = f"{FORGET_COMPILED} && {{\n{prelude}\n{test_command(task)}\n}} {redirect}"
     run = box.exec(command, cwd=task.workdir, timeout=timeout)
     output = run.stdout + run.stderr if parse is not None else run.stderr
