@@ -84,7 +84,7 @@ def _seal(channel, json, hmac, plugin_codes, main_frame, cwd):
     graded = frozenset(json.loads(tests)) if tests.strip() else None  # the tests the grade reads
     state = {"n": 0, "armed": False, "ended": False}
     items = {}  # test item -> (it, its test function) when collection finished
-    dicts = []  # (owner, its label, keys, value ids) of every runner module and class
+    dicts = []  # [owner, its label, its names, their values, its live namespace] of each runner module and class
     function = type(_seal)
     tree_files = set()  # the files of the tree imported before it was sealed (pytest's own tasks)
     namespaces = []  # the globals of every module imported before the seal
@@ -110,7 +110,7 @@ def _seal(channel, json, hmac, plugin_codes, main_frame, cwd):
             if module is None:
                 continue
             namespaces.append(vars(module))
-            path = getattr(module, "__file__", None)
+            path = vars(module).get("__file__")  # no lookup: a module's `__getattr__` may run code
             if isinstance(path, str) and path.startswith(tree):
                 tree_files.add(path)
             if name.split(".")[0] in RUNNER_MODULES or name == "__main__":
@@ -121,7 +121,7 @@ def _seal(channel, json, hmac, plugin_codes, main_frame, cwd):
         flatten()
         state["pm"], state["hookexec"] = pm, pm._inner_hookexec
         state["runner_is_tree"] = any(
-            getattr(sys.modules.get(name), "__file__", "").startswith(tree) for name in ("_pytest", "pluggy")
+            (getattr(sys.modules.get(name), "__file__", None) or "").startswith(tree) for name in ("_pytest", "pluggy")
         )
         for caller in list(vars(pm.hook).values()):
             for impl in caller.get_hookimpls():
