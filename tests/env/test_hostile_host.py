@@ -2,7 +2,11 @@
 
 A process in the sandbox takes the agent's place for real (ptrace: it makes the agent hand over its
 listening socket, then stops it) and answers the host's next connection with a crafted archive or
-an endless exec answer. Where only the answer's bytes matter (a malformed exec line, header
+an endless exec answer. Commands cannot do that any more (the agent is not dumpable, and a sandbox
+has no CAP_SYS_PTRACE: `tests/env/test_isolation.py`), so the attacker here is started from this
+host into the sandbox's namespaces (`nsenter`: its processes, files and network, but this host's
+root with CAP_SYS_PTRACE): it stands for an agent hijacked some other way, which the host must
+still survive. Where only the answer's bytes matter (a malformed exec line, header
 floods, PTY frames, the async twin), `HostileAgent` answers from a Unix socket in the test.
 """
 
@@ -14,6 +18,7 @@ import json
 import os
 import resource
 import socket
+import subprocess
 import tarfile
 import threading
 import time
@@ -149,8 +154,13 @@ def box(x86_64, client, base_image):
 def hijack(box: Sandbox, docker_client, *argv: str) -> None:
     """Start the attacker in `box`; return once it holds the agent's socket and the agent is stopped."""
     box.exec("rm -f /tmp/attacker.ready /tmp/attacker.sent")
-    box.exec(f"setsid python3 /tmp/attacker.py {' '.join(argv)} >/tmp/attacker.log 2>&1 </dev/null &")
     container = docker_client.containers.get(f"orchard-{box.id}")
+    command = f"python3 /tmp/attacker.py {' '.join(argv)} >/tmp/attacker.log 2>&1 </dev/null"
+    target = str(container.attrs["State"]["Pid"])
+    subprocess.Popen(  # with CAP_SYS_PTRACE, which no sandbox has: see the module's docstring
+        ["nsenter", "-t", target, "-p", "-m", "-n", "sh", "-c", command], start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
     for _ in range(200):
         if container.exec_run(["test", "-e", "/tmp/attacker.ready"]).exit_code == 0:
             break
