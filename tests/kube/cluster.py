@@ -1,7 +1,8 @@
 """A real Kubernetes control plane on loopback for tests and benches: etcd and kube-apiserver, nothing else.
 
 No cluster runs here, but its API server does: `./dev test` builds kube-apiserver 1.20.2 from Debian's
-source package once (cached under ~/.cache/orchard/kube/) and installs Debian's etcd. `start_cluster()`
+source package once (cached under ~/.cache/orchard/kube/KUBE_BUILD/; with reflect2 1.0.2 put in, so that a
+pretty-printed answer does not crash it) and installs Debian's etcd. `start_cluster()`
 runs both on free loopback ports with what a real cluster's API server has: TLS with its own CA, token
 authentication (an admin token in `system:masters`), `Node,RBAC` authorization, admission (less the
 ServiceAccount plugin, since no controller makes the default service accounts), server-side dry run, and
@@ -22,7 +23,6 @@ Outside pytest (a bench): `sys.path.insert(0, "tests/kube")`, then `with start_c
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import datetime
 import ipaddress
@@ -34,6 +34,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -44,8 +45,9 @@ from pathlib import Path
 import yaml
 
 KUBE_VERSION = "1.20.2"
+KUBE_BUILD = f"{KUBE_VERSION}-2"  # ./dev's cache folder: its suffix changes with the build (-2: reflect2 1.0.2)
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchard" / "kube"
-APISERVER = CACHE / KUBE_VERSION / "kube-apiserver"
+APISERVER = CACHE / KUBE_BUILD / "kube-apiserver"
 SERVICE_CIDR = "10.96.0.0/16"
 ADMIN = "orchard-admin"
 
@@ -335,8 +337,15 @@ def _die_with_parent() -> None:
 
 
 def _spawn(argv: list[str], log) -> subprocess.Popen[bytes]:
+    """A server in a session of its own: a terminal's Ctrl-C (SIGINT to its whole process group) reaches
+    only this process, which stops the servers in order (what uses the API server first, etcd last)."""
     return subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_die_with_parent,
+        start_new_session=True,
     )
 
 
@@ -350,24 +359,94 @@ def _terminate(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+KUBELET_STOP_SECONDS = 15.0
+
+
 def main() -> None:
     """`python tests/kube/cluster.py [FOLDER]`: this control plane with the test kubelet (containers on
     the local Docker engine) and the namespace `orchard-sandboxes`, until Ctrl-C; it prints the
-    kubeconfig to give `orchard up --backend kubernetes --kubeconfig ...`."""
+    kubeconfig to give `orchard up --backend kubernetes --kubeconfig ...`.
+
+    Ctrl-C, SIGTERM or SIGHUP (a closed terminal) stops it whatever state the API server is in (even
+    dead), in seconds (at worst KUBELET_STOP_SECONDS for the test kubelet, then the servers' own SIGTERM
+    grace): the test kubelet's containers, volumes and Docker network are removed,
+    kube-apiserver and etcd (and etcd's data) are gone, and so is the state folder, a temporary one,
+    unless FOLDER was given: then it stays, with the servers' logs. A second signal while it stops is
+    ignored, so the clean-up is not cut short."""
     import sys
 
     import docker
-    from kubelet import TestKubelet
     from kubernetes import client
 
-    folder = Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="orchard-kube-"))
-    with start_cluster(folder) as cluster, TestKubelet(cluster.client(), docker.from_env()):
-        namespace = client.V1Namespace(metadata=client.V1ObjectMeta(name="orchard-sandboxes"))
-        client.CoreV1Api(cluster.client()).create_namespace(namespace)
-        print(f"kube-apiserver {KUBE_VERSION} at {cluster.url} with a test kubelet; Ctrl-C stops both", flush=True)
-        print(f"kubeconfig: {cluster.kubeconfig}", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            signal.pause()
+    _stop_on_signals()
+    given = len(sys.argv) > 1
+    folder = Path(sys.argv[1] if given else tempfile.mkdtemp(prefix="orchard-kube-"))
+    try:
+        with start_cluster(folder) as cluster, _test_kubelet(cluster, docker.from_env()):
+            namespace = client.V1Namespace(metadata=client.V1ObjectMeta(name="orchard-sandboxes"))
+            client.CoreV1Api(cluster.client()).create_namespace(namespace)
+            print(f"kube-apiserver {KUBE_VERSION} at {cluster.url} with a test kubelet; Ctrl-C stops both", flush=True)
+            print(f"kubeconfig: {cluster.kubeconfig}", flush=True)
+            _wait_for_a_signal()
+    except KeyboardInterrupt:
+        pass  # a signal, while waiting or while starting: what had started is stopped all the same
+    finally:
+        if not given:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stop_on_signals() -> None:
+    """Each of STOP_SIGNALS raises KeyboardInterrupt in the main thread, once: from then on they are
+    ignored. Installed whatever this process inherited (a background job of a non-interactive shell
+    starts with SIGINT ignored, and SIGTERM's default would end it with nothing cleaned up), except
+    an ignored SIGHUP (nohup)."""
+
+    def stop(signum: int, frame: object) -> None:
+        for number in STOP_SIGNALS:
+            signal.signal(number, signal.SIG_IGN)
+        # os.write, not print: a handler may run inside the main thread's own print
+        os.write(2, f"{signal.Signals(signum).name}: stopping the test kubelet, kube-apiserver and etcd\n".encode())
+        raise KeyboardInterrupt
+
+    for number in STOP_SIGNALS:
+        if number != signal.SIGHUP or signal.getsignal(number) != signal.SIG_IGN:
+            signal.signal(number, stop)
+
+
+def _wait_for_a_signal() -> None:
+    """Sleep until a signal's handler raises. Not `signal.pause()`: it returns only if the signal is
+    delivered to the main thread, and the kernel may pick any thread that does not block it (the test
+    kubelet runs many), leaving the handler pending unseen. The wakeup fd is written whichever does."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    try:
+        while True:
+            os.read(read, 64)  # the handler runs (and raises) as soon as this returns, if not before
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(read)
+        os.close(write)
+
+
+@contextmanager
+def _test_kubelet(cluster: Cluster, docker_client) -> Iterator[object]:
+    """The test kubelet on this cluster, stopped on exit in at most KUBELET_STOP_SECONDS: with its API
+    server dead, its calls retry meanwhile (a Pod's delete for up to a minute). What it made in Docker
+    goes either way; its threads, daemons, end with this process."""
+    from kubelet import LABEL, TestKubelet
+
+    kubelet = TestKubelet(cluster.client(), docker_client).start()
+    try:
+        yield kubelet
+    finally:
+        stopping = threading.Thread(target=kubelet.stop, name="stop the test kubelet", daemon=True)
+        stopping.start()
+        stopping.join(KUBELET_STOP_SECONDS)
+        if stopping.is_alive():
+            print(f"the test kubelet did not stop in {KUBELET_STOP_SECONDS:.0f} s: removing what it made", flush=True)
+        kubelet._remove_objects({f"{LABEL}/instance": kubelet.instance})
 
 
 if __name__ == "__main__":
