@@ -199,14 +199,34 @@ def down(
     url: Annotated[str | None, URL_OPTION] = None,
     port: Annotated[int | None, PORT_OPTION] = None,
 ) -> None:
-    """Stop the service and remove every sandbox it owns."""
+    """Stop the service and remove every sandbox it owns.
+
+    A service that was killed outright (its state file left behind, its process gone) has nothing
+    to stop, but what it left in its backend is reaped all the same (its sandboxes, and on
+    Kubernetes its owner's Lease).
+    """
     from pydantic import ValidationError
 
+    from orchard.env.discovery import read_state
     from orchard.process import process_alive
 
     state = _named_service(url, port)
     if not state:
-        typer.echo(f"no Orchard service is running{_where(url, port)}")
+        killed = read_state() if not (url or port) else None
+        if killed is None or not isinstance(killed.get("pid"), int) or process_alive(killed["pid"]):
+            typer.echo(f"no Orchard service is running{_where(url, port)}")
+            return
+        try:
+            leftovers = _remove_orphans(killed.get("backend") or {"name": "docker"})
+        except (OrchardError, ValidationError) as exc:
+            reason = str(exc).splitlines()[0]
+            raise OrchardError(
+                f"the service (pid {killed['pid']}) was killed; could not reap its leftovers: {reason}"
+            ) from None
+        settings().service_state.unlink(missing_ok=True)
+        typer.echo(
+            f"no Orchard service is running (pid {killed['pid']} was killed); {leftovers} leftover sandbox(es) removed"
+        )
         return
     pid = state["pid"]
     os.kill(pid, signal.SIGTERM)

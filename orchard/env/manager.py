@@ -10,10 +10,12 @@ directly (the one exception is a spec's `init`, run once by `wait_ready` before 
 
 A fleet (`Fleet`: `orchard up --fleet NAME`, several replicas of the service sharing one store)
 owns its sandboxes as a whole: the owner is `fleet:NAME`, each sandbox's agent token is derived
-from the fleet's secret and the sandbox id (so every replica can compute it, and no store or Pod
-holds it), a sandbox one replica created is taken over (`get` adopts it from the store and the
-backend) by any other that is asked about it, and a replica that stops leaves the fleet's
-sandboxes running. Each replica beats in the store (`beat`); the commands of one that stopped
+from the fleet's secret, the sandbox id and a nonce drawn at each create that the backend keeps
+with the sandbox (`token_nonce`: a Pod's annotation), so every replica can compute it, no store or
+Pod holds it, and an id created again gets a new token (one learned from an earlier sandbox of
+that id opens nothing); a sandbox one replica created is taken over (`get` adopts it from the
+store and the backend) by any other that is asked about it, and a replica that stops leaves the
+fleet's sandboxes running. Each replica beats in the store (`beat`); the commands of one that stopped
 beating are failed by the others (`fail_jobs_of_silent_replicas`).
 
 A manager is made, then started (`start()`: connect to the backend, reap, recover what crashed
@@ -33,6 +35,7 @@ import queue
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -86,9 +89,12 @@ class Fleet:
     def owner(self) -> str:
         return f"fleet:{self.name}"
 
-    def token(self, sandbox_id: str) -> str:
-        """The agent token of a sandbox of this fleet: HMAC-SHA256 of its id under the secret."""
+    def token(self, sandbox_id: str, nonce: str = "") -> str:
+        """The agent token of a sandbox of this fleet: HMAC-SHA256 of its id and the nonce of its
+        create (none: a sandbox from before nonces) under the secret."""
         message = f"orchard-agent-token\0{self.name}\0{sandbox_id}".encode()
+        if nonce:
+            message += f"\0{nonce}".encode()
         return hmac.new(self.secret.encode(), message, hashlib.sha256).hexdigest()
 
 
@@ -201,9 +207,14 @@ class SandboxManager:
                 raise Conflict(f"sandbox id {sandbox_id!r} is already in use; pick another or omit it")
             info = SandboxInfo(sandbox_id, spec, None, "pending", time.time())
             self._sandboxes[sandbox_id] = info
-        token = self.fleet.token(sandbox_id) if self.fleet else secrets.token_urlsafe(24)
+        nonce = secrets.token_hex(16) if self.fleet is not None and self._binds_tokens() else ""
+        token = self.fleet.token(sandbox_id, nonce) if self.fleet else secrets.token_urlsafe(24)
         try:
-            endpoint = self.backend.create(sandbox_id, spec, token)
+            if nonce:  # the backend keeps it with the sandbox, for every replica to derive the token
+                create: Callable[..., AgentEndpoint] = self.backend.create
+                endpoint = create(sandbox_id, spec, token, nonce=nonce)
+            else:
+                endpoint = self.backend.create(sandbox_id, spec, token)
         except Conflict:  # someone else's sandbox: neither touch it nor its record
             with self._lock:
                 self._sandboxes.pop(sandbox_id, None)
@@ -370,9 +381,17 @@ class SandboxManager:
             message = f"sandbox {sandbox_id} stopped: {state.message}" if state.exists else "its Pod is gone"
             self._save(replace(recorded, status=status, status_message=message), deleted_at=time.time())
             return None
-        endpoint = AgentEndpoint(token=self.fleet.token(sandbox_id), url=state.address or "")
+        token_nonce = getattr(self.backend, "token_nonce", None)
+        nonce = token_nonce(sandbox_id) if callable(token_nonce) else ""
+        if nonce is None:  # gone since the look at its state
+            return None
+        endpoint = AgentEndpoint(token=self.fleet.token(sandbox_id, nonce), url=state.address or "")
         with self._lock:
             return self._sandboxes.setdefault(sandbox_id, replace(recorded, endpoint=endpoint))
+
+    def _binds_tokens(self) -> bool:
+        """Whether the backend keeps a nonce with each sandbox (`token_nonce`), that a fleet's tokens are derived from."""
+        return callable(getattr(self.backend, "token_nonce", None))
 
     def claim(self, pooled: SandboxInfo, run_id: str | None) -> SandboxInfo:
         """A sandbox handed over from a pool now belongs to `run_id`."""

@@ -10,6 +10,7 @@ an API server restarted mid-run loses no sandbox and the watch resumes.
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,6 +84,42 @@ def test_create_exec_list_delete_at_the_pod_ip(manager, api, namespace, kubelet,
     assert _gone(api, namespace, "orchard-e2e-1")
     assert manager.backend.state("e2e-1").exists is False
     assert manager.backend.list() == []
+
+
+LOOPBACK_PROBE = """
+import socket
+try:
+    socket.create_connection(("127.0.0.1", 7000), timeout=5).close()
+    print("loopback reaches the agent")
+except ConnectionRefusedError:
+    print("loopback refused")
+mine = socket.create_server(("127.0.0.1", 7000))  # the port on loopback is the sandbox's own
+print("bound 127.0.0.1:7000")
+for line in open("/proc/net/tcp").read().splitlines()[1:]:
+    local, state = line.split()[1], line.split()[3]
+    address, port = local.split(":")
+    if state == "0A" and int(port, 16) == 7000:
+        print("listening", socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+"""
+
+
+def test_the_agent_listens_at_the_pod_ip_only_never_on_the_pods_loopback(manager, base_image) -> None:
+    """The agent is reached at the Pod IP (the host's route, as ever), but a program in the Pod that
+    dials 127.0.0.1:7000 is refused, and may listen there itself: the agent listens at the Pod's own
+    address only (on the test kubelet, whose Pod IPs are forwarded from the host's loopback, the
+    Pod's interface address, where that forward lands)."""
+    info = manager.create(make_spec(base_image), sandbox_id="e2e-listen", timeout=120)
+    assert info.endpoint is not None
+    with agent_http(info.endpoint, timeout=30) as http:
+        probe = send(http, AgentCalls().exec(f"python3 -c {shlex.quote(LOOPBACK_PROBE)}; hostname -i"))
+        assert probe.exit_code == 0, probe.output
+        assert send(http, AgentCalls().exec("echo still served")).stdout == "still served\n"
+    lines = probe.stdout.splitlines()
+    assert lines[:2] == ["loopback refused", "bound 127.0.0.1:7000"], probe.output
+    interface = lines[-1].split()[0]
+    assert sorted(lines[2:-1]) == sorted(["listening 127.0.0.1", f"listening {interface}"]), probe.output
+    assert not interface.startswith("127.")
+    manager.delete("e2e-listen")
 
 
 def test_every_manifest_passes_the_api_servers_validation(manager) -> None:

@@ -117,7 +117,10 @@ def test_the_pod_has_the_policies_limits_labels_and_injection(bundle) -> None:
     )
     assert init["volumeMounts"] == [{"name": "orchard", "mountPath": AGENT_MOUNT}]
     assert (main["name"], main["image"]) == ("sandbox", "python:3.11-slim")
-    assert main["command"] == [*bundle.command(AGENT_MOUNT), "--tcp", "0.0.0.0:7000", "--workdir", "/workspace"]
+    # the agent listens at the Pod IP only (the Downward API's, expanded by the kubelet), never 0.0.0.0
+    listen = ["--pod", "$(ORCHARD_AGENT_POD_IP):7000"]
+    assert main["command"] == [*bundle.command(AGENT_MOUNT), "--workdir", "/workspace", *listen]
+    assert main["env"][0] == {"name": "ORCHARD_AGENT_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     assert main["ports"] == [{"name": "agent", "containerPort": 7000, "protocol": "TCP"}]
     assert main["readinessProbe"] == {"tcpSocket": {"port": 7000}, "periodSeconds": 1}
 
@@ -141,7 +144,7 @@ def test_the_pod_has_the_policies_limits_labels_and_injection(bundle) -> None:
         assert not mounts[path].get("readOnly")
 
     # the token: only its SHA-256 is in the Pod; a planted agent variable is dropped
-    env = {e["name"]: e["value"] for e in main["env"]}
+    env = {e["name"]: e["value"] for e in main["env"] if "value" in e}
     assert env["ORCHARD_AGENT_TOKEN_SHA256"] == hashlib.sha256(TOKEN.encode()).hexdigest()
     assert "ORCHARD_AGENT_TOKEN" not in env and env["FOO"] == "bar"
     assert env["PRICE"] == "$$(FOO) is $$5"  # Kubernetes would expand $(FOO): the value stays as given
@@ -497,3 +500,14 @@ def test_a_failure_in_the_state_fails_the_sandbox_at_once_with_its_reason(tmp_pa
         recorded = manager.recorded("pod-2")
         assert recorded is not None and recorded.status == "failed"
         assert "ErrImagePull" in (recorded.status_message or "")
+
+
+def test_the_agent_listens_at_a_real_pod_ip_as_given_and_never_on_loopback_for_a_forwarded_one() -> None:
+    """`--pod POD_IP:PORT`: a real Pod IP is listened at as given; a loopback one (a node forwarding
+    from its own loopback, as the test kubelet does) stands for the namespace's own interface address."""
+    from orchard.env.agent.server import _interface_addresses, pod_host
+
+    assert pod_host("10.1.2.3") == "10.1.2.3" and pod_host("[fd00::5]") == "fd00::5"
+    own = _interface_addresses()
+    assert pod_host("127.0.0.7") == (own[0] if own else "127.0.0.7")
+    assert all(not address.startswith("127.") for address in own)

@@ -30,6 +30,7 @@ from orchard.env import images
 from orchard.env.calls import AgentCalls, send
 from orchard.env.manager import HEALTH as HEALTH_CALL
 
+NONCE = "orchard.sandbox/token-nonce"
 HOUSEKEEP = 0.5
 HEARTBEAT_SILENCE = 4.0
 REPLICA_SILENCE = 3.0
@@ -208,12 +209,12 @@ def test_a_fleets_tokens_are_in_no_store_and_no_pod(replicas, api, namespace, ku
         box = a.post("/sandboxes", json={"image": base_image}).json()["sandbox_id"]
         assert a.get(f"/sandboxes/{box}/wait", params={"timeout": 120}).json()["ready"]
         assert _exec(a, box, "echo hi")["stdout"] == "hi\n"
-        token = Fleet(replicas.fleet, replicas.key).token(box)
         pod = api.call("GET", pod_path(namespace, f"orchard-{box}"))
+        token = Fleet(replicas.fleet, replicas.key).token(box, pod["metadata"]["annotations"][NONCE])
         address = f"http://{pod['status']['podIP']}:7000"
         with agent_http(AgentEndpoint(token=token, url=address), timeout=10) as http:
             assert http.request(HEALTH_CALL).status_code == 200
-        wrong = Fleet(replicas.fleet, "another-key").token(box)
+        wrong = Fleet(replicas.fleet, "another-key").token(box, pod["metadata"]["annotations"][NONCE])
         with agent_http(AgentEndpoint(token=wrong, url=address), timeout=10) as http, pytest.raises(AuthError):
             send(http, AgentCalls().exec("true"))
         assert token not in json.dumps(pod)
@@ -224,3 +225,53 @@ def test_a_fleets_tokens_are_in_no_store_and_no_pod(replicas, api, namespace, ku
                 assert token not in repr(rows), table.name
         engine.dispose()
         assert a.delete(f"/sandboxes/{box}").status_code == 200
+
+
+def test_a_sandbox_id_created_again_gets_a_new_token_and_the_old_one_opens_nothing(
+    replicas, api, namespace, kubelet, base_image
+) -> None:
+    """Sandbox ids are the clients' to choose: whoever kept the token of an earlier sandbox of an id
+    (an earlier tenant) must not open the sandbox created again with that id. The token is bound to
+    the Pod's own nonce, drawn at each create: the old token is refused by the new Pod's agent,
+    while every replica still derives the new one (B serves the sandbox A created again).
+
+    Slow: two replicas as processes, and the same sandbox id created, deleted and created again.
+    """
+    from orchard.env.backends.base import AgentEndpoint
+    from orchard.env.manager import Fleet, agent_http
+    from orchard.errors import AuthError
+
+    a, _ = replicas.start("a")
+    b, _ = replicas.start("b")
+    fleet = Fleet(replicas.fleet, replicas.key)
+
+    def pod_token(box: str) -> tuple[str, str]:
+        pod = api.call("GET", pod_path(namespace, f"orchard-{box}"))
+        nonce = pod["metadata"]["annotations"].get(NONCE, "")  # none: the id's token alone, as before
+        return fleet.token(box, nonce), f"http://{pod['status']['podIP']}:7000"
+
+    with _no_pods_left(api, namespace):
+        box = "tenant-box"
+        created = a.post("/sandboxes", json={"image": base_image, "sandbox_id": box})
+        assert created.status_code == 200, created.text
+        assert a.get(f"/sandboxes/{box}/wait", params={"timeout": 120}).json()["ready"]
+        old_token, old_address = pod_token(box)
+        with agent_http(AgentEndpoint(token=old_token, url=old_address), timeout=10) as http:
+            assert send(http, AgentCalls().exec("echo first tenant")).stdout == "first tenant\n"
+        assert a.delete(f"/sandboxes/{box}").status_code == 200
+        deadline = time.monotonic() + 30
+        while api.exists(pod_path(namespace, f"orchard-{box}")):
+            assert time.monotonic() < deadline, "the first Pod stayed"
+            time.sleep(0.2)
+
+        again = a.post("/sandboxes", json={"image": base_image, "sandbox_id": box})
+        assert again.status_code == 200, again.text
+        assert b.get(f"/sandboxes/{box}/wait", params={"timeout": 120}).json()["ready"]
+        assert _exec(b, box, "echo second tenant")["stdout"] == "second tenant\n"  # B derived the new token
+        assert _exec(a, box, "echo still")["stdout"] == "still\n"
+        new_token, address = pod_token(box)
+        with agent_http(AgentEndpoint(token=old_token, url=address), timeout=10) as http, pytest.raises(AuthError):
+            send(http, AgentCalls().exec("echo the first tenant is back"))
+        with agent_http(AgentEndpoint(token=new_token, url=address), timeout=10) as http:
+            assert http.request(HEALTH_CALL).status_code == 200
+        assert b.delete(f"/sandboxes/{box}").status_code == 200

@@ -98,6 +98,106 @@ def test_an_owner_that_closes_gives_up_its_lease_and_a_fleet_holds_none(kube, na
     assert not api.exists(_lease_path(namespace, OTHER_HOST_OWNER))
 
 
+KILLED_OWNER = """
+import sys, time
+from dataclasses import replace
+from orchard.env.backends.base import make_spec
+from orchard.env.backends.kubernetes import KubernetesConfig
+from orchard.process import process_owner
+
+backend = KubernetesConfig(kubeconfig=sys.argv[1], namespace=sys.argv[2]).build()  # the default 40 s Lease
+backend.create("killed-1", replace(make_spec("orchard/base:bookworm"), owner=process_owner()), "token")
+print(process_owner(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_manager_starting_after_an_owner_of_this_host_was_killed_sweeps_its_lease(
+    kube, namespace, api, tmp_path: Path
+) -> None:
+    """An owner of this host SIGKILLed (no goodbye: its Lease stays, renewed a moment ago, and its
+    Pod names it). The next manager to start reaps the Pod (its owner's process is gone) and sweeps
+    the Lease at once: neither waiting out the Lease (2 x 40 s) nor needing a second round."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", KILLED_OWNER, kube.kubeconfig, namespace], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None
+        name = owner.stdout.readline().strip()
+        lease = _lease_path(namespace, name)
+        assert api.exists(lease) and api.exists(pod_path(namespace, "orchard-killed-1"))
+    finally:
+        owner.kill()
+        owner.wait()
+    config = KubernetesConfig(kubeconfig=kube.kubeconfig, namespace=namespace)
+    store = Store.open(f"sqlite:///{tmp_path / 'orchard.db'}")
+    with SandboxManager(config, store=store, reap_interval=None) as manager:
+        assert manager.reaped_at_start == ["killed-1"]
+        assert not api.exists(lease), "the killed owner's Lease outlived the first reaping round"
+        assert manager.backend.list() == []  # its Pod is going (the watch may not have said so yet)
+
+
+def test_orchard_down_after_a_kubernetes_service_was_killed_reaps_its_pods_and_its_lease(
+    kube, namespace, api, orchard_home
+) -> None:
+    """`orchard up --backend kubernetes`, a sandbox created through it, then the service SIGKILLed:
+    `orchard down` has no service to stop, but reaps what it left in the cluster, its Pod and its
+    owner's Lease (nothing else would: no manager runs).
+
+    Slow: a real `orchard up` service process on the kube-apiserver, killed, then `orchard down`.
+    """
+    import contextlib
+    import os
+    import signal
+
+    import httpx
+    from typer.testing import CliRunner
+
+    from orchard.cli import app
+    from orchard.env.discovery import read_state
+    from orchard.process import process_alive, process_owner
+
+    runner = CliRunner()
+    _up_on_kubernetes(runner, kube, namespace)
+    state = read_state()
+    assert state is not None
+    try:
+        created = httpx.post(
+            f"{state['url']}/sandboxes",
+            json={"image": "orchard/base:bookworm"},
+            headers={"X-API-Key": state["api_key"]},
+        )
+        assert created.status_code == 200, created.text
+        pod = f"orchard-{created.json()['sandbox_id']}"
+        lease = _lease_path(namespace, process_owner(state["pid"]))
+        assert api.exists(pod_path(namespace, pod)) and api.exists(lease)
+    finally:
+        os.kill(state["pid"], signal.SIGKILL)  # no goodbye: its Pod and its Lease stay
+    with contextlib.suppress(ChildProcessError):  # `orchard up` here made it this process's child: reap it
+        os.waitpid(state["pid"], 0)
+    assert not process_alive(state["pid"])
+    stopped = runner.invoke(app, ["down"])
+    assert stopped.exit_code == 0 and "1 leftover sandbox(es) removed" in stopped.stdout, stopped.output
+    assert not api.exists(lease)
+    _eventually(lambda: not api.exists(pod_path(namespace, pod)), 30, "the leftover stayed")
+    assert "no Orchard service is running" in runner.invoke(app, ["down"]).stdout  # the state file is gone too
+
+
+def _up_on_kubernetes(runner, kube, namespace: str) -> int:
+    """`orchard up --backend kubernetes` in the background on a free loopback port; the port."""
+    import socket
+
+    from orchard.cli import app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    up = ["up", "--backend", "kubernetes", "--kubeconfig", kube.kubeconfig, "--namespace", namespace]
+    started = runner.invoke(app, [*up, "--port", str(port)])
+    assert started.exit_code == 0, started.output
+    return port
+
+
 LEFTOVER = """
 import sys
 from orchard.env.backends.base import make_spec
@@ -114,19 +214,13 @@ def test_orchard_down_reaps_a_kubernetes_services_leftovers_in_its_cluster(kube,
     """`orchard up --backend kubernetes` in the background, then `orchard down`: what dead owners of
     this host left in the cluster is reaped there (not in the local Docker engine), and `orchard
     status` names the backend."""
-    import socket
 
     from typer.testing import CliRunner
 
     from orchard.cli import app
 
     runner = CliRunner()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    up = ["up", "--backend", "kubernetes", "--kubeconfig", kube.kubeconfig, "--namespace", namespace]
-    started = runner.invoke(app, [*up, "--port", str(port)])
-    assert started.exit_code == 0, started.output
+    port = _up_on_kubernetes(runner, kube, namespace)
     try:
         subprocess.run([sys.executable, "-c", LEFTOVER, kube.kubeconfig, namespace], check=True)  # it exits: an orphan
         assert api.exists(pod_path(namespace, "orchard-leftover-1"))

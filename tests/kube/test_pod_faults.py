@@ -211,3 +211,49 @@ def test_connections_to_a_pod_ip_bound_the_connect_and_probe_a_silent_peer() -> 
                 writer.close()
 
         assert asyncio.run(service_side()) == list(KEEPALIVE)
+
+
+def test_a_create_abandoned_in_an_api_server_outage_leaves_no_pod_once_it_ends(
+    kube, api, namespace, kubelet, agent_image, base_image, tmp_path: Path
+) -> None:
+    """The create's POST is stored, but its answer is lost as the API server goes away; the retries
+    find no server, and the create gives up (the manager records it failed, its caller is told so).
+    The Pod must not live on until its TTL: once the API server is back, it is deleted within seconds.
+
+    Slow: it stops and starts the real kube-apiserver.
+    """
+    import urllib3
+
+    from orchard.errors import EngineUnavailable
+
+    config = KubernetesConfig(kubeconfig=kube.kubeconfig, namespace=namespace, retry_for=2, unschedulable_grace=0)
+    backend = config.build()
+    real_send = backend._send
+    lost: list[str] = []
+
+    def send_then_lose_the_server(method, path, query, body, timeout, content_type="application/json"):
+        response = real_send(method, path, query, body, timeout, content_type)
+        if method == "POST" and path.endswith("/pods") and not lost:
+            response.read()
+            assert response.status == 201  # stored by the API server ...
+            lost.append(body["metadata"]["name"])
+            kube.stop()  # ... which goes away before its answer arrives
+            raise urllib3.exceptions.ProtocolError("Connection aborted: the answer was lost")
+        return response
+
+    backend._send = send_then_lose_the_server  # type: ignore[method-assign]
+    store = Store.open(f"sqlite:///{tmp_path / 'orchard.db'}")
+    try:
+        with SandboxManager(backend, store=store, reap_interval=None) as manager:
+            with pytest.raises(EngineUnavailable):
+                manager.launch(make_spec(base_image), sandbox_id="abandoned")
+            assert lost == ["orchard-abandoned"] and manager.recorded("abandoned").status == "failed"
+            assert backend.abandoned() == ["orchard-abandoned"]
+            kube.start()  # the Pod is there (its TTL an hour off), until the backend deletes it
+            _until("the abandoned create's Pod to be deleted", lambda: not api.exists(pod_path(namespace, lost[0])), 20)
+            assert backend.abandoned() == []
+            _until("the kubelet to remove its containers and volumes", lambda: kubelet.leftovers() == [], 30)
+    finally:
+        if not kube.running:
+            kube.start()
+        backend.close()

@@ -1,4 +1,4 @@
-"""The agent's entry: ``python3 -s -S -B /.orchard/agent/__main__.py (--unix PATH | --tcp HOST:PORT) [--workdir DIR]``.
+"""The agent's entry: ``python3 -s -S -B /.orchard/agent/__main__.py (--unix PATH | --tcp HOST:PORT | --pod POD_IP:PORT) [--workdir DIR]``.
 
 Sandboxes run this file by its path (`orchard.env.bundle`: the bundle holds this package as
 ``/.orchard/agent``), so here it is a script, not a module of its package: it takes its own

@@ -18,6 +18,9 @@ agent's user can, read and write any file it can reach. It does not isolate comm
 other or from itself, and it offers no confidentiality on TCP (no TLS): the sandbox (container,
 network policy) is the security boundary, and a TCP port must only be published on loopback or
 a trusted network.
+In a Pod (``--pod POD_IP:PORT``) the agent listens at the Pod IP only, never on ``0.0.0.0``: the
+Pod's loopback does not reach it, and its port on loopback is free for the sandbox's own programs
+(and ``/listen``).
 A port listened on for the host (``/listen``) is open to every process of the sandbox, as any
 port of its loopback is, and what they send there reaches whatever the host carries it to; the
 agent never connects anywhere for it, and nothing it answers names an address: the host decides
@@ -92,6 +95,47 @@ def make_server(config: AgentConfig, *, unix: str | None = None, tcp: tuple[str,
     return server
 
 
+def pod_host(pod_ip: str) -> str:
+    """The address the agent listens at in a Pod whose IP is `pod_ip` (the Downward API's `status.podIP`).
+
+    The Pod IP itself, where it is one of the Pod's own addresses (on any real node). A loopback
+    `pod_ip` is a node that reaches its Pods through a forward from its own loopback (the test
+    kubelet publishes each Pod's ports on 127.0.0.N of the host, which Docker forwards to the
+    container's interface): it stands for this network namespace's own non-loopback IPv4 address,
+    where that forward lands; never for loopback itself, unless the namespace has nothing else.
+    """
+    host = pod_ip.strip("[]")
+    if not _loopback(host):
+        return host
+    return next(iter(_interface_addresses()), host)
+
+
+def _loopback(host: str) -> bool:
+    return host == "::1" or host.startswith("127.") or host == "localhost"
+
+
+def _interface_addresses() -> list[str]:
+    """The IPv4 addresses of this network namespace's interfaces other than loopback, in interface order."""
+    import fcntl
+    import struct
+
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                answer = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on it
+                continue
+            address = socket.inet_ntoa(answer[20:24])
+            if not _loopback(address):
+                found.append(address)
+    return found
+
+
+SIOCGIFADDR = 0x8915
+"""The ioctl that reads an interface's IPv4 address (linux/sockios.h)."""
+
+
 def _bind_unix(path: str) -> UnixAgentServer:
     """Bind and listen on a temporary name, chmod 0666, then rename it onto ``path``.
 
@@ -152,11 +196,14 @@ def _remove_socket(path: str) -> None:
 
 # -- command line --------------------------------------------------------------------------
 
-USAGE = "usage: agent/__main__.py (--unix PATH | --tcp HOST:PORT) [--workdir DIR]"
+USAGE = "usage: agent/__main__.py (--unix PATH | --tcp HOST:PORT | --pod POD_IP:PORT) [--workdir DIR]"
 
 
 def parse_args(argv: list[str]) -> dict[str, str]:
-    """``--unix``, ``--tcp`` and ``--workdir`` (``--name value`` or ``--name=value``)."""
+    """``--unix``, ``--tcp``, ``--pod`` and ``--workdir`` (``--name value`` or ``--name=value``).
+
+    ``--pod POD_IP:PORT`` is ``--tcp`` at the Pod's own address (`pod_host`), never ``0.0.0.0``.
+    """
     options: dict[str, str] = {}
     args = iter(argv)
     for arg in args:
@@ -164,22 +211,22 @@ def parse_args(argv: list[str]) -> dict[str, str]:
             print(USAGE)
             raise SystemExit(0)
         name, has_value, value = arg.partition("=")
-        if name not in ("--unix", "--tcp", "--workdir"):
+        if name not in ("--unix", "--tcp", "--pod", "--workdir"):
             fail(f"unknown argument {arg!r}")
         if not has_value:
             value = next(args, "")
         if not value:
             fail(f"{name} needs a value")
         options[name[2:]] = value
-    if ("unix" in options) == ("tcp" in options):
-        fail("give exactly one of --unix and --tcp")
+    if sum(mode in options for mode in ("unix", "tcp", "pod")) != 1:
+        fail("give exactly one of --unix, --tcp and --pod")
     return options
 
 
-def parse_tcp(address: str) -> tuple[str, int]:
+def parse_tcp(address: str, option: str = "--tcp") -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        fail(f"--tcp must be HOST:PORT, not {address!r}")
+        fail(f"{option} must be HOST:PORT, not {address!r}")
     return host, int(port)
 
 
@@ -219,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         fail(str(exc))
     tcp = parse_tcp(options["tcp"]) if "tcp" in options else None
+    if "pod" in options:
+        pod_ip, port = parse_tcp(options["pod"], "--pod")
+        tcp = (pod_host(pod_ip), port)
     try:
         serve(config, unix=options.get("unix"), tcp=tcp)
     except OSError as exc:

@@ -9,7 +9,9 @@ Injection into an unmodified image: the init container `orchard-agent` runs the 
 (`orchard image build-agent`: a static busybox and the agent bundle of `orchard.env.bundle`) and
 copies the bundle into the `emptyDir` volume `orchard`; the main container `sandbox` is the task
 image unchanged, the volume mounted read-only at `/.orchard`, its command the bundled agent
-listening on TCP port 7000. A spec with `tools` adds a second init container, `orchard-tools`, which
+listening on TCP port 7000 at the Pod IP only (`--pod $(ORCHARD_AGENT_POD_IP):7000`, the variable
+from the Downward API's `status.podIP`; never `0.0.0.0`: the Pod's loopback does not reach the
+agent, and port 7000 on loopback is free for the sandbox's programs). A spec with `tools` adds a second init container, `orchard-tools`, which
 runs the tools injector image (`orchard image build-tools --injector`: a static busybox and the
 agent CLIs' bundle of `orchard.env.tools`) and copies the bundle into the `emptyDir` volume
 `orchard-tools`, mounted read-only at `/.orchard-tools` in the main container; its size is added to
@@ -20,6 +22,11 @@ commands leave behind (Docker's `--init` does that on the Docker backend).
 The token never appears in the Pod: anyone who may read Pods could read it there. The Pod's
 environment holds `ORCHARD_AGENT_TOKEN_SHA256`, the hex SHA-256 of the token, and the agent
 compares the SHA-256 of the token a request presents (see `orchard/env/agent/server.py`).
+A fleet's token is derived, not drawn (`orchard.env.manager.Fleet.token`), from the sandbox id and
+a nonce drawn at each create, which the Pod keeps in the annotation `orchard.sandbox/token-nonce`
+(no secret: the fleet's key is): every replica derives the token of the Pod it finds from it
+(`token_nonce`), and a sandbox id created again gets a new token, so a token learned from an
+earlier sandbox of that id opens nothing.
 
 Readiness: `state` says `running` with an `address` only once the Pod is Running, has an IP and
 its main container is reported ready; the manager then checks the agent's health check at that
@@ -40,6 +47,16 @@ etcd makes them), so a late answer never brings back a Pod the watch saw deleted
 Every API call (the watch's long request aside) runs under a semaphore of `api_concurrency` and is
 retried with backoff (0.1 s doubling to 5 s, `Retry-After` honoured) on 429, 5xx, timeouts and lost
 connections, for up to `retry_for` seconds.
+
+Abandoned creates: a create that gives up without a clear answer (the server unreachable for
+`retry_for`, or still answering 429/5xx) may have stored its Pod all the same (an answer lost on
+the way back, a request the server finished after the client left). The caller is told it failed,
+so nobody would use that Pod, and it would live until its TTL. So the backend remembers each such
+create (the Pod's name, sandbox id, owner and creation time) and one thread deletes its Pod (that
+very Pod: uid precondition) as soon as the API server answers again: it reads the Pod by name
+until the server answers, then watches the cache (where a Pod stored late still appears) for
+`LATE_CREATE` seconds more (never past the sandbox's TTL). A backend closed before then leaves it
+to the reapers (its Lease gone, the Pod is an orphan; a fleet's lives to its TTL).
 
 Policies: cpu and memory as requests = limits (Guaranteed QoS when both are set), the disk cap as
 `ephemeral-storage` (plus an allowance for the injected bundle, which lies in the Pod's own
@@ -63,7 +80,12 @@ process can tell whether it still runs. So each owner holds a Lease (coordinatio
 Pod and renews every quarter of `owner_lease` seconds, and each of its Pods names that Lease in the
 annotation `orchard.sandbox/lease`. A Pod whose Lease is gone or was not renewed for `owner_lease`
 seconds is an orphan (`orphaned`) that any manager reaps, on any host: its owner was killed, or
-lost its host or its network. A backend that closes deletes its Leases. A fleet (owner `fleet:`)
+lost its host or its network. A backend that closes deletes its Leases. A Lease no live Pod names
+any more is swept (`sweep`, each reaping round, the first when a manager starts, as `orchard
+down` starts one): at once when its holder is an owner of this host whose process is gone (a
+service SIGKILLed: `orchard.process.owner_alive` can tell), else once it lapsed more than twice
+its duration ago by its renewTime. Pods this backend just deleted name nothing any more, even
+before the watch reports them going. A fleet (owner `fleet:`)
 holds none: its sandboxes outlive replicas, and their TTL and heartbeats reap them. A reader
 times a Lease's silence on its own monotonic clock (how long its renewTime has not changed), so
 hosts' clocks need not agree; a reader that just started waits a Lease's duration before it judges.
@@ -92,6 +114,7 @@ from orchard import __version__
 from orchard.env.agent.protocol import AGENT_ENV_PREFIX, TOKEN_SHA256_ENV
 from orchard.env.backends.base import LABEL_PREFIX, AgentEndpoint, BackendSandbox, SandboxSpec, SandboxState
 from orchard.errors import AuthError, ConfigError, Conflict, EngineUnavailable, NotFound, SandboxError
+from orchard.process import owner_alive
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -112,6 +135,8 @@ TOOLS_MOUNT = "/.orchard-tools"
 """Where a spec with `tools` gets the agent CLIs (`orchard.env.tools.TOOLS_MOUNT`)."""
 INJECT_TOOLS = ["/bin/busybox", "cp", "-a", "/orchard-tools/.", f"{TOOLS_MOUNT}/"]
 """The tools init container's command (`orchard.env.tools.INJECT_TOOLS`)."""
+POD_IP_ENV = f"{AGENT_ENV_PREFIX}POD_IP"
+"""The main container's variable holding the Pod IP (the Downward API's `status.podIP`), where the agent listens."""
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 ID_LABEL = "orchard.sandbox/id"
@@ -123,6 +148,8 @@ LEASE_ANNOTATION = "orchard.sandbox/lease"
 """The owner's Lease (see the module's docstring)."""
 CREATED_ANNOTATION = "orchard.sandbox/created"
 TTL_ANNOTATION = "orchard.sandbox/ttl"
+NONCE_ANNOTATION = "orchard.sandbox/token-nonce"
+"""A fleet's Pod: the nonce its agent token is derived from (see the module's docstring)."""
 SELECTOR = f"{MANAGED_BY}=orchard"
 
 FAILED_WAITING = frozenset(
@@ -145,6 +172,9 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 WATCH_SECONDS = 60
 """How long one watch request lasts on the server's side before it is renewed from its resourceVersion."""
 LIST_PAGE = 500
+LATE_CREATE = 300.0
+"""Seconds after the API server answers again that an abandoned create's Pod is still looked for (a
+write the server finished late); see the module's docstring."""
 MAX_BACKOFF = 5.0
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 _MIB = 1 << 20
@@ -243,6 +273,11 @@ class KubernetesBackend:
         self._unschedulable_lock = threading.Lock()
         self._cache = _PodCache(self)
         self._leases = _OwnerLeases(self)
+        self._abandoned: dict[str, _Abandoned] = {}
+        """Creates given up without a clear answer, by Pod name (see the module's docstring)."""
+        self._abandoned_lock = threading.Lock()
+        self._janitor: threading.Thread | None = None
+        self._closing = threading.Event()
         try:
             self._cache.start()
         except BaseException:
@@ -254,22 +289,29 @@ class KubernetesBackend:
     def pod_name(self, sandbox_id: str) -> str:
         return pod_name(sandbox_id)
 
-    def create(self, sandbox_id: str, spec: SandboxSpec, token: str) -> AgentEndpoint:
+    def create(self, sandbox_id: str, spec: SandboxSpec, token: str, *, nonce: str = "") -> AgentEndpoint:
         """Create the Pod; it is scheduled and started after this returns, its address not known yet.
+
+        `nonce`: what a fleet's `token` was derived from, kept in the Pod (`token_nonce`).
 
         A create whose answer was lost and that is retried finds its own Pod (same owner and creation
         time) and takes it; any other Pod of that name is a Conflict.
         """
-        manifest = self.pod_manifest(sandbox_id, spec, token)
+        manifest = self.pod_manifest(sandbox_id, spec, token, nonce=nonce)
         lease = self._leases.hold(spec.owner)
         if lease is not None:
             manifest["metadata"]["annotations"][LEASE_ANNOTATION] = lease
+        created = manifest["metadata"]["annotations"][CREATED_ANNOTATION]
         try:
             pod = self._call("POST", self._pods_path(), body=manifest, what=f"create Pod {self.pod_name(sandbox_id)}")
+        except EngineUnavailable:  # the Pod may have been stored all the same: removed once the server is back
+            self._abandon(sandbox_id, spec, created)
+            raise
         except ApiRefused as exc:
+            if exc.status in RETRY_STATUSES:  # e.g. a 504: the server may still store it
+                self._abandon(sandbox_id, spec, created)
             if exc.status == 409 and exc.attempts > 1:  # an earlier attempt may have made it
                 found = self._read_pod(self.pod_name(sandbox_id))
-                created = manifest["metadata"]["annotations"][CREATED_ANNOTATION]
                 if (
                     found is not None
                     and _is_sandbox(found, sandbox_id, spec.owner)
@@ -305,6 +347,14 @@ class KubernetesBackend:
             else:
                 waited = time.monotonic() - self._unschedulable_since.setdefault(uid, time.monotonic())
         return pod_state(pod, unschedulable_grace=self.config.unschedulable_grace - waited)
+
+    def token_nonce(self, sandbox_id: str) -> str | None:
+        """The nonce the sandbox's Pod was created with (its fleet's token is derived from it): ""
+        for a Pod made without one, None when there is no such sandbox."""
+        pod = self._find(sandbox_id)
+        if pod is None or not _is_sandbox(pod, sandbox_id):
+            return None
+        return _annotations(pod).get(NONCE_ANNOTATION, "")
 
     def wait_for_change(self, sandbox_id: str, state: SandboxState, timeout: float) -> None:
         """Block until the sandbox's state differs from `state` (the watch wakes it), at most `timeout` s."""
@@ -352,6 +402,7 @@ class KubernetesBackend:
                     raise SandboxError(f"Kubernetes could not delete the Pod {name}: {exc}") from None
                 self._cache.forget(name)
                 continue
+            self._cache.deleting(name, pod["metadata"]["uid"])
             with self._unschedulable_lock:
                 self._unschedulable_since.pop(pod["metadata"].get("uid", ""), None)
             return
@@ -376,26 +427,96 @@ class KubernetesBackend:
         return lease is not None and self._leases.lapsed(lease)
 
     def sweep(self) -> None:
-        """Delete the Leases that lapsed long ago and that no Pod names any more."""
+        """Delete the Leases that no live Pod names any more and whose owners are gone (an owner of
+        this host whose process is gone, or any whose Lease lapsed long ago): see the module's docstring."""
         named = {sandbox.labels.get(LABEL_PREFIX + "lease") for sandbox in self.list()}
         self._leases.sweep(named)
 
     def close(self) -> None:
-        """Give up this backend's Leases (its owners' remaining Pods become orphans), stop the watch,
-        and close the connection pool."""
+        """Give up this backend's Leases (its owners' remaining Pods become orphans), stop the watch
+        and the clean-up of abandoned creates, and close the connection pool."""
+        self._closing.set()
+        janitor = self._janitor
+        if janitor is not None:
+            janitor.join(timeout=5)
         self._leases.close()
         self._cache.stop()
         self._client.close()
 
+    # -- abandoned creates -------------------------------------------------------------
+
+    def abandoned(self) -> builtins.list[str]:
+        """The names of the Pods of abandoned creates still looked for (see the module's docstring)."""
+        with self._abandoned_lock:
+            return sorted(self._abandoned)
+
+    def _abandon(self, sandbox_id: str, spec: SandboxSpec, created: str) -> None:
+        """Remember a create given up without a clear answer; its Pod, if stored, is deleted once the server answers."""
+        name = self.pod_name(sandbox_id)
+        log.warning("gave up creating the Pod %s; it is deleted if the API server stored it", name)
+        with self._abandoned_lock:
+            self._abandoned[name] = _Abandoned(sandbox_id, spec.owner, created, time.monotonic() + spec.ttl)
+            if self._janitor is None and not self._closing.is_set():
+                self._janitor = threading.Thread(target=self._clean_abandoned, daemon=True, name="orchard-abandoned")
+                self._janitor.start()
+
+    def _clean_abandoned(self) -> None:
+        """The thread deleting abandoned creates' Pods, every half second until none is left."""
+        while not self._closing.wait(0.5):
+            with self._abandoned_lock:
+                pending = dict(self._abandoned)
+                if not pending:
+                    self._janitor = None
+                    return
+            for name, create in pending.items():
+                try:
+                    done = self._clean_one(name, create)
+                except Exception as exc:  # the server still away, or a hiccup: the next round tries again
+                    log.debug("abandoned create of %s: %s", name, exc)
+                    continue
+                if done or time.monotonic() > create.until:
+                    with self._abandoned_lock:
+                        if self._abandoned.get(name) is create:
+                            del self._abandoned[name]
+
+    def _clean_one(self, name: str, create: _Abandoned) -> bool:
+        """One look at an abandoned create: True once nothing is left to do for it."""
+        pod = self._cache.get(name)
+        if pod is None and create.answered is None:  # one try: the server may still be away
+            try:
+                pod = self._call("GET", f"{self._pods_path()}/{name}", what=f"read Pod {name}", retry_for=0)
+            except ApiRefused as exc:
+                if exc.status != 404:
+                    raise
+            create.answered = time.monotonic()
+            create.until = min(create.until, create.answered + LATE_CREATE)
+        if pod is None:
+            return False
+        notes = _annotations(pod)
+        if not _is_sandbox(pod, create.sandbox_id, create.owner) or notes.get(CREATED_ANNOTATION) != create.created:
+            return True  # another create's Pod (or not Orchard's): not this one to delete
+        if pod["metadata"].get("deletionTimestamp"):
+            return True
+        uid = pod["metadata"]["uid"]
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 1, "preconditions": {"uid": uid}}
+        try:
+            self._call("DELETE", f"{self._pods_path()}/{name}", body=options, what=f"delete Pod {name}", retry_for=0)
+        except ApiRefused as exc:
+            if exc.status not in (404, 409):  # 409: not that Pod any more
+                raise
+        self._cache.deleting(name, uid)
+        log.info("deleted the Pod %s of an abandoned create", name)
+        return True
+
     # -- the Pod ----------------------------------------------------------------------
 
-    def pod_manifest(self, sandbox_id: str, spec: SandboxSpec, token: str) -> dict[str, Any]:
+    def pod_manifest(self, sandbox_id: str, spec: SandboxSpec, token: str, *, nonce: str = "") -> dict[str, Any]:
         """The Pod `create` sends for the sandbox (see `pod_manifest`); a spec with `tools` builds
         the tools bundle here the first time (its size is the disk allowance), a cache hit after."""
         from orchard.env.tools import build_tools
 
         tools = build_tools() if spec.tools else None
-        return pod_manifest(sandbox_id, spec, token, config=self.config, bundle=self.bundle, tools=tools)
+        return pod_manifest(sandbox_id, spec, token, config=self.config, bundle=self.bundle, tools=tools, nonce=nonce)
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -505,6 +626,17 @@ class KubernetesBackend:
         return self._client.call_api(*request, _request_timeout=timeout)
 
 
+class _Abandoned:
+    """A create given up without a clear answer (see the module's docstring)."""
+
+    def __init__(self, sandbox_id: str, owner: str, created: str, until: float):
+        self.sandbox_id, self.owner, self.created = sandbox_id, owner, created
+        self.until = until
+        """When (monotonic) to stop looking for its Pod."""
+        self.answered: float | None = None
+        """When (monotonic) the server first answered about it; until then the Pod is read directly."""
+
+
 class _PodCache:
     """The namespace's Orchard Pods by name, kept by one LIST+WATCH thread. Thread-safe."""
 
@@ -560,6 +692,17 @@ class _PodCache:
                 return
             self._pods[pod["metadata"]["name"]] = pod
             self._notify(pod["metadata"]["name"])
+
+    def deleting(self, name: str, uid: str) -> None:
+        """Mark the Pod `name` (if it is still the one of `uid`) as being deleted, as the watch will
+        soon report it: `list` and `sweep` no longer count it (the watch's next word replaces it)."""
+        with self._lock:
+            known = self._pods.get(name)
+            if known is None or known["metadata"].get("uid") != uid or known["metadata"].get("deletionTimestamp"):
+                return
+            marked = {**known, "metadata": {**known["metadata"], "deletionTimestamp": _now_rfc3339()}}
+            self._pods[name] = marked
+            self._notify(name)
 
     def forget(self, name: str) -> None:
         """Drop a Pod known to be stale (its next read is direct); the watch brings it back if it is there."""
@@ -759,7 +902,9 @@ class _OwnerLeases:
         return lease is None or now - changed > _lease_duration(lease)
 
     def sweep(self, named: set[str | None]) -> None:
-        """Delete Orchard's Leases that lapsed more than twice their duration ago and no Pod names."""
+        """Delete Orchard's Leases that no Pod names (`named`: those live Pods name) and whose
+        holder is an owner of this host whose process is gone, or that lapsed more than twice
+        their duration ago (by their renewTime: an owner on another host)."""
         with self._lock:
             held = set(self._held.values())
         found = self._backend._call("GET", self._path, query=[("labelSelector", SELECTOR)], what="list Leases")
@@ -769,7 +914,10 @@ class _OwnerLeases:
                 del self._seen[name]
         for lease in found.get("items") or []:
             name = lease["metadata"]["name"]
-            if name in held or name in named or _lease_age(lease) <= 2 * _lease_duration(lease):
+            if name in held or name in named:
+                continue
+            holder = (lease.get("spec") or {}).get("holderIdentity") or ""
+            if owner_alive(holder) and _lease_age(lease) <= 2 * _lease_duration(lease):
                 continue
             self._delete(name, lease["metadata"].get("uid"), lease["metadata"].get("resourceVersion"))
 
@@ -848,6 +996,11 @@ def lease_name(owner: str) -> str:
     return f"orchard-owner-{hashlib.sha256(owner.encode()).hexdigest()[:16]}"
 
 
+def _now_rfc3339() -> str:
+    """Now as Kubernetes' Time (RFC 3339, seconds, UTC)."""
+    return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _micro_time(seconds: float) -> str:
     """Kubernetes' MicroTime (RFC 3339, microseconds, UTC)."""
     return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -881,12 +1034,14 @@ def pod_manifest(
     bundle: Bundle,
     created: float | None = None,
     tools: ToolsBundle | None = None,
+    nonce: str = "",
 ) -> dict[str, Any]:
     """The Pod of a sandbox (see the module's docstring): it holds the token's SHA-256, never the token.
 
     A spec with `tools` needs `tools`, the bundle the config's `tools_image` holds (for its size).
 
-    `created` (unix seconds, default now) is the creation time its annotation records. The command
+    `created` (unix seconds, default now) is the creation time its annotation records; `nonce`, when
+    given, what a fleet's token was derived from (annotation `orchard.sandbox/token-nonce`). The command
     and the environment's values reach the container as given (escaped from Kubernetes' `$(VAR)`).
     """
     labels = {MANAGED_BY: "orchard", ID_LABEL: sandbox_id, NETWORK_LABEL: spec.network}
@@ -895,6 +1050,8 @@ def pod_manifest(
         CREATED_ANNOTATION: f"{time.time() if created is None else created:.3f}",
         TTL_ANNOTATION: f"{spec.ttl:.0f}",
     }
+    if nonce:
+        annotations[NONCE_ANNOTATION] = nonce
     if spec.run_id:
         annotations[RUN_KEY] = spec.run_id
         if len(spec.run_id) <= 63 and _LABEL_VALUE.fullmatch(spec.run_id):
@@ -941,12 +1098,14 @@ def pod_manifest(
                 "securityContext": _security_context(),
             }
         )
-    command = [*bundle.command(AGENT_MOUNT), "--tcp", f"0.0.0.0:{AGENT_PORT}", "--workdir", spec.workdir]
+    command = [*bundle.command(AGENT_MOUNT), "--workdir", spec.workdir]
+    listen = ["--pod", f"$({POD_IP_ENV}):{AGENT_PORT}"]  # expanded by the kubelet: the Pod IP
+    pod_ip = {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     main = {
         "name": MAIN_CONTAINER,
         "image": spec.image,
-        "command": [_literal(part) for part in command],
-        "env": [{"name": k, "value": _literal(v)} for k, v in environment.items()],
+        "command": [_literal(part) for part in command] + listen,
+        "env": [pod_ip, *({"name": k, "value": _literal(v)} for k, v in environment.items())],
         "ports": [{"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": AGENT_PORT}, "periodSeconds": 1},
         "volumeMounts": mounts,
