@@ -22,20 +22,21 @@ if TYPE_CHECKING:
 GOLD = "gold"
 
 
-def load_predictions(source: str, tasks: list[Any]) -> tuple[str, dict[str, str]]:
-    """(model name, instance id -> submission); `gold` takes each task's own `patch`."""
+def load_predictions(source: str, tasks: list[Any]) -> tuple[str, dict[str, str | None]]:
+    """(model name, instance id -> submission); `gold` takes each task's own `patch`. A null
+    `model_patch` stays None (SWE-bench's report says `patch_is_None`); it grades as empty."""
     if source == GOLD:
         return GOLD, {t.instance_id: t.gold() for t in tasks}
     path = Path(source)
     if not path.is_file():
         raise ConfigError(f"no predictions file {source} (or say `gold` to grade the tasks' own patches)")
-    patches: dict[str, str] = {}
+    patches: dict[str, str | None] = {}
     names = set()
     for where, row in read_records(path, "predictions"):
         if not isinstance(row, dict) or not isinstance(row.get("instance_id"), str):
             raise ConfigError(f"{source}, {where}: needs a string instance_id")
-        patch = row.get("model_patch") or ""
-        if not isinstance(patch, str):
+        patch = row.get("model_patch")
+        if patch is not None and not isinstance(patch, str):
             raise ConfigError(f"{source}, {where}: model_patch must be a string")
         patches[row["instance_id"]] = patch
         names.add(str(row.get("model_name_or_path") or "predictions"))
@@ -47,11 +48,12 @@ def load_predictions(source: str, tasks: list[Any]) -> tuple[str, dict[str, str]
     return name, patches
 
 
-def solver_for(patches: dict[str, str]):
+def solver_for(patches: dict[str, str | None]):
     """A solver that hands over the predicted submission (a task without one gets an empty one)."""
 
     def solve(attempt: Attempt, image: str, client: Client, run_id: str) -> Solved:
-        return Solved(submission=patches.get(attempt.task.instance_id, ""))
+        patch = patches.get(attempt.task.instance_id, "")
+        return Solved(submission=patch or "", submission_none=patch is None)
 
     solve.needs_sandbox = False  # type: ignore[attr-defined]  # grading only: no warm pools for it
     return solve

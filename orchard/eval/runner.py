@@ -81,6 +81,8 @@ class Solved:
     in a row`): the model's doing, so its submission is graded all the same."""
     failure: OrchardError | None = None
     """The exception that ended the attempt, if one did; some stop the whole run (`stops_the_run`)."""
+    submission_none: bool = False
+    """A prediction whose submission was null, not even empty (SWE-bench's `patch_is_None`)."""
 
 
 class Solver(Protocol):
@@ -349,7 +351,12 @@ def _attempt(
     details["files"] = files
     if grade.outcome == "error" and grade.fault is None:  # a kind's error that names no fault: the machine's
         details["fault"] = "machine"
-    for key, value in (("solver_error", solved.error), ("episode", solved.ended), ("retries", retry)):
+    for key, value in (
+        ("solver_error", solved.error),
+        ("episode", solved.ended),
+        ("retries", retry),
+        ("submission_none", solved.submission_none),
+    ):
         if value:
             details[key] = value
     write_attempt(folder / files, task, grade, solved.submission, details)

@@ -108,12 +108,25 @@ def _json(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: not valid JSON ({exc})") from None
 
 
+TEXT_COLUMNS = ("instance_id", "version", "base_commit", "environment_setup_commit", "created_at")
+"""Columns whose values are text even where they look like numbers (SWE-bench's `version`: `3.10`, `0.20`)."""
+DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".arrow", ".txt", ".tsv")
+
+
+def _only_csv(path: Path) -> bool:
+    """Whether a dataset folder's data files are all CSV."""
+    suffixes = {file.suffix for file in path.rglob("*") if file.is_file() and file.suffix in DATA_SUFFIXES}
+    return suffixes == {".csv"}
+
+
 def _records_of_dataset_folder(path: Path, split: str) -> Iterable[tuple[str, Any]]:
     import datasets
 
     try:
         if (path / "dataset_dict.json").is_file() or (path / "dataset_info.json").is_file():
             data = datasets.load_from_disk(str(path))
+        elif _only_csv(path):  # as text: a CSV reader takes `3.10` for the number 3.1
+            data = datasets.load_dataset(str(path), converters=dict.fromkeys(TEXT_COLUMNS, str))
         else:  # a folder of data files (parquet, json, ...), as on the hub
             data = datasets.load_dataset(str(path))
     except Exception as exc:  # no data files, unreadable ones, ...: one line

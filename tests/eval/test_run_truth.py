@@ -88,13 +88,14 @@ def recorded() -> tuple[list[RunRecord], dict[str, ResultRecord]]:
 def test_each_attempt_leaves_its_files_with_the_whole_log_and_runs_show_lists_them(
     orchard_home, base_image, example_repos, tmp_path
 ):
-    tasks = write_jsonl(tmp_path / "tasks.jsonl", [noisy(rows()[TEXTKIT_1]), rows()[TEXTKIT_2]])
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", [noisy(rows()[TEXTKIT_1]), rows()[TEXTKIT_2], rows()[TIMECALC_1]])
     gold = rows()[TEXTKIT_1]["patch"]
     predictions = write_jsonl(
         tmp_path / "preds.jsonl",
         [
             {"instance_id": TEXTKIT_1, "model_patch": gold, "model_name_or_path": "mine"},
             {"instance_id": TEXTKIT_2, "model_patch": "", "model_name_or_path": "mine"},
+            {"instance_id": TIMECALC_1, "model_patch": None, "model_name_or_path": "mine"},
         ],
     )
     eval_("--tasks", str(tasks), "--predictions", str(predictions), "--repos", str(example_repos))
@@ -133,6 +134,12 @@ def test_each_attempt_leaves_its_files_with_the_whole_log_and_runs_show_lists_th
             "resolved": False,
         }
     }
+    assert json.loads((folder / "logs" / TIMECALC_1 / "report.json").read_text())[TIMECALC_1] == {
+        "patch_is_None": True,  # null in the predictions, as SWE-bench reports it
+        "patch_exists": False,
+        "patch_successfully_applied": False,
+        "resolved": False,
+    }
     assert (empty / "patch.diff").read_text() == "" and "outcome: empty_patch" in (
         empty / "run_instance.log"
     ).read_text()
@@ -143,8 +150,9 @@ def test_each_attempt_leaves_its_files_with_the_whole_log_and_runs_show_lists_th
     lines = shown.output.splitlines()
     assert f"folder   {folder}" in lines
     assert [line for line in lines if line.startswith("attempt")] == [
-        f"attempt  {TEXTKIT_1}  mine/0  resolved     logs/{TEXTKIT_1}",
-        f"attempt  {TEXTKIT_2}  mine/0  empty_patch  logs/{TEXTKIT_2}",
+        f"attempt  {TEXTKIT_1}   mine/0  resolved     logs/{TEXTKIT_1}",
+        f"attempt  {TEXTKIT_2}   mine/0  empty_patch  logs/{TEXTKIT_2}",
+        f"attempt  {TIMECALC_1}  mine/0  empty_patch  logs/{TIMECALC_1}",
     ]
 
 

@@ -93,6 +93,27 @@ def test_a_local_hugging_face_dataset_folder(tmp_path: Path):
     assert load_tasks(tmp_path / "hub-like")[0].instance_id == "acme__widgets-1"
 
 
+def test_a_csv_dataset_folder_keeps_versions_as_the_dataset_writes_them(tmp_path: Path):
+    """A CSV reader takes `3.10` for the number 3.1 and `0.20` for 0.2: versions are read as text.
+    A version that reached Orchard as a number (a JSON row) is its text."""
+    import csv
+
+    folder = tmp_path / "csv" / "data"
+    folder.mkdir(parents=True)
+    with (folder / "test.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=[*task(), "version"])
+        writer.writeheader()
+        for index, version in enumerate(["3.1", "3.10", "0.20", "1.12"]):
+            row = {**task(instance_id=f"acme__widgets-{index}"), "version": version}
+            writer.writerow(
+                {key: json.dumps(value) if isinstance(value, list) else value for key, value in row.items()}
+            )
+    assert [t.version for t in load_tasks(tmp_path / "csv")] == ["3.1", "3.10", "0.20", "1.12"]
+    numeric = tmp_path / "tasks.jsonl"
+    numeric.write_text(json.dumps(task(version=3.1)))
+    assert load_tasks(numeric)[0].version == "3.1"
+
+
 def test_diff_parsing():
     diff = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\ndiff --git a/old.py b/new.py\n"
     assert touched_files(diff) == ["x.py", "old.py", "new.py"]

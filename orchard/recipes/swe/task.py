@@ -106,6 +106,13 @@ class SWETask(TaskBase):
                 raise ValueError("must be a list of strings or a JSON string of one") from None
         return value
 
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: Any) -> Any:
+        """A version is a string in the dataset; a table that read it as a number (`3.1`) is taken
+        at its word (a CSV folder is read with the version kept as text: `3.10` stays `3.10`)."""
+        return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
     @field_validator("python")
     @classmethod
     def _python(cls, value: str | None) -> str | None:
@@ -222,7 +229,7 @@ class SWETask(TaskBase):
         tests: dict[str, str] = getattr(grade, "tests", {})
         applied = grade.outcome in ("resolved", "unresolved", "timeout") or bool(tests)
         report: dict[str, Any] = {
-            "patch_is_None": False,
+            "patch_is_None": bool(details.get("submission_none")),
             "patch_exists": bool(submission.strip()),
             "patch_successfully_applied": applied,
             "resolved": grade.resolved,
