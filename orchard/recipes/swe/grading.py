@@ -534,10 +534,11 @@ def needs_reinstall(task: SWETask, paths: Sequence[str]) -> bool:
 def _run_tests(box: Sandbox, task: SWETask, timeout: float, grade: Grade, *, reinstall: bool = False) -> None:
     """Run the task's tests as SWE-bench's evaluation script does (its `eval_commands`, `install`
     again where `needs_reinstall` says so, then the test command) and read each test's status:
-    from pytest's JUnit report, else with SWE-bench's log parser for the repository. SWE-bench's
-    rule decides: PASSED and XFAIL pass, FAILED, ERROR and missing fail, SKIPPED and XPASS do
-    neither. No test found at all is `error` (`checks["tests_found"]` is False; `grade_patch`
-    then asks whether the patch did it)."""
+    from what the sealed pytest runner sent (`read_channel`; any sign of interference is
+    `unresolved`), else with SWE-bench's log parser for the repository. SWE-bench's rule decides:
+    PASSED and XFAIL pass, FAILED, ERROR and missing fail, SKIPPED and XPASS do neither. No test
+    found at all is `error` (`checks["tests_found"]` is False; `grade_patch` then asks whether the
+    patch did it)."""
     env = task.environment()
     parse = specs.log_parser(env.parser) if env.parser is not None else None
     if env.parser is not None and parse is None:

@@ -94,7 +94,7 @@ PYTEST = re.compile(
     r"(?:python[\d.]*\s+-m\s+)?pytest\b"
 )
 """pytest as a command of a test command (`pytest -rA`, `python -m pytest`, `X=1 pytest`, after `;`,
-`&&`, ...): where it runs, the grader starts its own runner and reads its JUnit report."""
+`&&`, ...): where it runs, the grader starts its own runner and reads the results it sends."""
 
 
 def is_pytest(test_cmd: str) -> bool:
@@ -129,7 +129,7 @@ class Environment:
     """Shell commands run before the tests (SWE-bench's `eval_commands`: locales, variables)."""
     parser: str | None = None
     """The repository whose SWE-bench log parser reads the test output; None: a pytest command,
-    read from its JUnit report."""
+    read from what the grader's runner sends (`grading.read_channel`)."""
 
 
 CONDA_ACTIVATE = (
