@@ -718,3 +718,24 @@ def test_swebench_images_are_used_as_published_with_conda_activated(
             task_image(other, RepoMirror(None, clone=False), source="swebench")
     finally:
         docker_client.images.remove(name, force=True)
+
+
+def test_the_venv_is_what_any_start_of_its_python_imports_from(client, base_image) -> None:
+    """tox-current-env runs the tests with `.tox/py39/bin/python`, a link to the venv's python in
+    another folder: such a start finds no `pyvenv.cfg` and runs as the base interpreter (sphinx's
+    rows: `import docutils` failed). With `VENV_FOR_ANY_START`, as the image runs it, it imports
+    what the venv holds."""
+    venv = environments.VENV
+    with client.create(base_image) as box:
+        made = box.exec(
+            f"/usr/bin/python3 -m venv --without-pip {venv} && site=$({venv}/bin/python -c "
+            "'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])') && mkdir -p $site/probe && "
+            "echo 'WHERE = 1' > $site/probe/__init__.py && mkdir -p /w/.tox/py/bin && "
+            f"ln -s {venv}/bin/python /w/.tox/py/bin/python"
+        )
+        assert made.ok, made
+        assert "No module named 'probe'" in box.exec("/w/.tox/py/bin/python -c 'import probe'").stderr  # the break
+        assert box.exec(environments.VENV_FOR_ANY_START).ok
+        seen = box.exec("/w/.tox/py/bin/python -c 'import probe; print(probe.WHERE)'")
+        assert seen.stdout == "1\n", seen
+        assert box.exec(f"{venv}/bin/python -c 'import probe'").ok  # and the venv itself as before

@@ -87,7 +87,7 @@ from orchard.tasks.wheelhouse import (
 
 Log = Callable[[str], None]
 
-FORMAT = 3
+FORMAT = 4
 """Bump when the image recipe changes, so older images are not reused."""
 LABEL_PREFIX = "org.orchard.task."
 WARNINGS_LABEL = LABEL_PREFIX + "warnings"
@@ -97,6 +97,18 @@ PYTHON_RELEASES = {python: release for release, python in images.RELEASES.items(
 """The Debian release whose base image offers each Python."""
 VENV = "/opt/orchard/venv"
 WHEELHOUSE = "/opt/orchard/wheels"
+_PTH = (
+    "import os, site, sys; folder = site.getsitepackages()[0]; os.makedirs(folder, exist_ok=True); "
+    "open(os.path.join(folder, 'orchard-venv.pth'), 'w').write(sys.argv[1] + chr(10))"
+)
+VENV_FOR_ANY_START = (
+    f"/usr/bin/python3 -c {shlex.quote(_PTH)} "
+    f'"$({VENV}/bin/python -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\')"'
+)
+"""The venv's packages seen by the base interpreter however it is started: a venv's `python` run
+through a link in another folder (tox-current-env's `.tox/py39/bin/python`) finds no `pyvenv.cfg`
+and runs as the base interpreter, which then imports what the spec installed all the same (as a
+conda env's `python` does wherever it is linked from): a `.pth` in the base's own site folder."""
 PRE_INSTALL_FAILED = "orchard: pre_install failed: "
 NETWORK_COMMAND = re.compile(r"(^|[\s;&|(])(apt-get|apt|wget|curl)(\s|$)")
 SWEBENCH_NAMESPACE = "swebench"
@@ -494,7 +506,7 @@ class _Build:
             f"COPY wheels {WHEELHOUSE}",
             f"ENV VIRTUAL_ENV={VENV} PATH={VENV}/bin:{images.SEARCH_PATH} PIP_NO_INDEX=1 PIP_FIND_LINKS={WHEELHOUSE}"
             " PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1",
-            f"RUN {venv_bootstrap(VENV, WHEELHOUSE, tools)}",
+            f"RUN {venv_bootstrap(VENV, WHEELHOUSE, tools)} && {VENV_FOR_ANY_START}",
             *steps,
         ]
         return lines, {wheel.filename for wheel in wheels}
