@@ -13,7 +13,6 @@ seal's cost as a share of the grade (target, issue 29: at most 10 %).
 from __future__ import annotations
 
 import argparse
-import json
 import secrets
 import shlex
 import statistics
@@ -28,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from orchard.env.client import Client  # noqa: E402
 from orchard.env.images import build_base  # noqa: E402
-from orchard.recipes.swe import grading, pytest_runner, specs  # noqa: E402
+from orchard.recipes.swe import grading, specs  # noqa: E402
 from orchard.recipes.swe.environments import RepoMirror, task_image  # noqa: E402
 from orchard.tasks import load_tasks  # noqa: E402
 
@@ -60,17 +59,12 @@ def before(box, task) -> float:
 
 
 def sealed(box, task) -> float:
-    """The test run as the grader runs it now (`grading._run_tests`' pytest branch)."""
-    env = task.environment()
-    prelude = "\n".join([specs.CONDA_ACTIVATE, *env.eval_commands])
-    key = secrets.token_hex(32)
+    """The test run as the grader runs it now: `grading._run_tests` itself."""
+    grade = grading.Grade(task.instance_id, "unresolved")
     started = time.perf_counter()
-    box.write_file(pytest_runner.KEY_FILE, key + "\n" + json.dumps(task.tests))
-    command = f"{grading.FORGET_COMPILED} && {{\n{prelude}\n{grading.test_command(task)}\n}} {grading.CHANNEL}"
-    run = box.exec(command, cwd=task.workdir)
-    channel = grading.read_channel(run.stdout, run.exit_code, task.tests, key)
+    grading._run_tests(box, task, grading.DEFAULT_TEST_TIMEOUT, grade)
     elapsed = time.perf_counter() - started
-    assert channel.problems == [] and all(specs.passed(channel.statuses.get(t)) for t in task.tests), channel
+    assert grade.outcome == "resolved", (grade.error, grade.suspicious)
     return elapsed
 
 
