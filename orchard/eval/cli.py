@@ -199,6 +199,7 @@ def _show(config: EvalConfig | CollectRunConfig, kind: str) -> None:
     from orchard.env import Client
     from orchard.eval.console import EvalProgress, exits_on_interrupt, matrix_table, results_table
     from orchard.eval.jobs import jobs, run_jobs, swebench_reports
+    from orchard.eval.report import image_lines
 
     rerank = getattr(config, "rerank", None)
     console, summaries = Console(), {}
@@ -206,6 +207,8 @@ def _show(config: EvalConfig | CollectRunConfig, kind: str) -> None:
     with exits_on_interrupt(), Client() as client:  # the sandboxes go first, then the line
         for job, result in run_jobs(config, tasks, found, kind, client, progress=EvalProgress):
             console.print(results_table(result.summary, f"run {result.run_id} - {job.name}"))
+            for line in image_lines(result.summary.get("images") or {}):
+                typer.echo(line)
             if rerank is not None and getattr(config, "predictions", None) is None:
                 from orchard.eval.rerank import rerank_run
 

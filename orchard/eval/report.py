@@ -125,10 +125,61 @@ def write_report(folder: Path, summary: dict[str, Any], title: str) -> Path:
         lines += ["above; check it before trusting it.", ""]
         lines += [f"* `{a['id']}` ({a['outcome']}): {'; '.join(a['reasons'])}" for a in flagged_attempts]
         lines.append("")
+    lines += _image_section(summary.get("images") or {})
     lines += [f"![{plot.stem}]({plot.name})" for plot in plots]
     path = folder / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _parts(build: dict[str, float]) -> list[str]:
+    """The parts a kind times its image builds by (SWE: base, interpreter, dependencies, repository)."""
+    return [part for part in build if part != "total"]
+
+
+def _build_text(build: dict[str, float]) -> str:
+    return " / ".join(f"{build[part]:.0f}" for part in _parts(build)) + f" = {build.get('total', 0):.0f} s"
+
+
+def _image_section(images: dict[str, dict[str, Any]]) -> list[str]:
+    """The report's table of the run's task images: the Python asked for and run on, how long
+    this run took to have each, and how long each took to build, part by part."""
+    described = {i: f for i, f in sorted(images.items()) if f.get("python") or f.get("build")}
+    if not described:
+        return []
+    lines = ["## Task images", ""]
+    lines += ["Python: asked for, then run on; build: seconds by part (base / interpreter / dependencies /"]
+    lines += ["repository = total) where this machine built the image; this run: seconds to build or find it.", ""]
+    lines += ["| task | Python | build | this run |", "|---|---|---|---|"]
+    for task, facts in described.items():
+        python = facts.get("python") or {}
+        asked, ran = python.get("asked") or "-", python.get("ran") or "-"
+        mark = " (other)" if python.get("other") else ""
+        build = _build_text(facts["build"]) if facts.get("build") else "-"
+        lines.append(f"| {task} | {asked} → {ran}{mark} | {build} | {facts.get('seconds', 0):.0f} |")
+    others = [task for task, facts in described.items() if (facts.get("python") or {}).get("other")]
+    if others:
+        lines += [
+            "",
+            f"{len(others)} ran on another Python than they ask for (their warnings say how that is made up for):",
+        ]
+        lines += [f"`{task}`" + (", " if n < len(others) - 1 else ".") for n, task in enumerate(others)]
+    return [*lines, ""]
+
+
+def image_lines(images: dict[str, dict[str, Any]]) -> list[str]:
+    """The console's lines on a run's task images: each built in this run, part by part, and
+    each that ran on another Python than it asks for."""
+    lines = []
+    for task, facts in sorted(images.items()):
+        build = facts.get("build")
+        if build and facts.get("seconds", 0) >= 0.8 * build.get("total", 0) > 0:  # built in this run
+            parts = ", ".join(f"{part} {build[part]:.0f} s" for part in _parts(build) if build[part] >= 0.5)
+            lines.append(f"image of {task}: built in {build['total']:.0f} s ({parts or 'no part took a second'})")
+        python = facts.get("python") or {}
+        if python.get("other"):
+            lines.append(f"{task} asks for Python {python['asked']} and ran on {python['ran']} (see its warnings)")
+    return lines
 
 
 def flagged(row: dict[str, Any]) -> str:

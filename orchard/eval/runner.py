@@ -191,7 +191,7 @@ def evaluate(
     if on_progress:
         on_progress(finished, total, None)
     try:
-        images = _images(pending, prepare, concurrency)
+        images, image_facts = _images(pending, prepare, concurrency)
         startable = [(a.task, image) for a in pending if isinstance(image := images[a.task.instance_id], str)]
         pools = TaskPools(client, concurrency if getattr(solve, "needs_sandbox", True) else 0)
 
@@ -219,6 +219,7 @@ def evaluate(
         raise
     results = results_of(run_id, store=store)
     summary = summarize(results, report_ids or [t.instance_id for t in tasks], metric_of(tasks))
+    summary["images"] = image_facts
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (folder / "report.json").write_text(json.dumps(summary["report"], indent=2) + "\n")
     write_report(folder, summary, name)
@@ -295,19 +296,29 @@ def _finished(work: Generator[Any, None, None]) -> Generator[Generator[Any, None
         work.close()
 
 
-def _images(attempts: Sequence[Attempt], prepare: Prepare, concurrency: int) -> dict[str, str | OrchardError]:
-    """Each task's image (or why it could not be built), built `concurrency` at a time."""
+def _images(
+    attempts: Sequence[Attempt], prepare: Prepare, concurrency: int
+) -> tuple[dict[str, str | OrchardError], dict[str, dict[str, Any]]]:
+    """Each task's image (or why it could not be built), built `concurrency` at a time; and for
+    the report, what each took this run (`seconds`: its build, or finding it built) with what its
+    kind says of it (`TaskBase.image_facts`)."""
     tasks = {a.task.instance_id: a.task for a in attempts}
 
-    def build(task: TaskBase) -> tuple[str, str | OrchardError]:
+    def build(task: TaskBase) -> tuple[str, str | OrchardError, dict[str, Any]]:
+        started = time.monotonic()
         try:
-            return task.instance_id, task.sandbox_image(prepare)
+            image: str | OrchardError = task.sandbox_image(prepare)
         except OrchardError as exc:
-            return task.instance_id, exc
+            image = exc
         except Exception as exc:  # a kind's bug: that task's attempts are errors, the run goes on
-            return task.instance_id, OrchardError(f"{type(exc).__name__}: {exc}")
+            image = OrchardError(f"{type(exc).__name__}: {exc}")
+        facts: dict[str, Any] = {"seconds": round(time.monotonic() - started, 1)}
+        if isinstance(image, str):
+            facts |= {"image": image, **task.image_facts(image)}
+        return task.instance_id, image, facts
 
-    return dict(in_threads(build, list(tasks.values()), concurrency))
+    done = list(in_threads(build, list(tasks.values()), concurrency))
+    return {i: image for i, image, _ in done}, {i: facts for i, _, facts in done}
 
 
 def _attempt(

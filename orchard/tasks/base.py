@@ -11,6 +11,7 @@ call these, so a new kind is one file (a subclass of `TaskBase`) plus a line in 
         public() -> dict                                    # what an agent may see
         prompt() -> str                                     # the task as the first user turn
         sandbox_image(prepare) -> str                       # its sandbox's image, built offline if needed
+        image_facts(image) -> dict                          # for the run's report: its build, its Python
         sandbox_init() -> str | None                        # run once as its sandbox starts (a browser)
         start(box)                                          # before the first step (in the agent's shell)
         respond(box, dialogue) -> str | None                # the user's answer when the agent ends its turn
@@ -165,6 +166,12 @@ class TaskBase(BaseModel):
 
     def sandbox_image(self, prepare: Prepare) -> str:
         raise NotImplementedError
+
+    def image_facts(self, image: str) -> dict[str, Any]:
+        """What the run's report says of this task's image: how long its build took (`build`:
+        seconds by part, where this machine built it) and what it is not as the task asked
+        (`warnings`); {} where a kind says nothing."""
+        return {}
 
     def attempt_report(self, grade: Grade, submission: str, details: dict[str, Any]) -> dict[str, Any]:
         """An attempt's `report.json` in its run's folder: the grade's details (`details`, the

@@ -34,6 +34,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 import urllib.request
 import zipfile
@@ -124,6 +125,9 @@ class Target:
     """The full version of the image's Python (`3.9.2`)."""
     glibc: str
     machine: str = dataclasses.field(default_factory=platform.machine)
+    before: str | None = None
+    """Only what was uploaded before this moment (ISO 8601) is resolved (pip's `--uploaded-prior-to`),
+    from indexes that say when (PyPI does); None: whatever is newest."""
 
     @property
     def version(self) -> str:
@@ -146,7 +150,8 @@ class Target:
         return options
 
     def describe(self) -> str:
-        return f"CPython {self.version} on manylinux (glibc {self.glibc}) {self.machine}"
+        since = f", as uploaded before {self.before}" if self.before else ""
+        return f"CPython {self.version} on manylinux (glibc {self.glibc}) {self.machine}{since}"
 
 
 @dataclass(frozen=True)
@@ -197,6 +202,11 @@ the canary fails loudly, naming pip's version, where that stops working."""
 
 def _pip(target: Target, args: list[str], timeout: float = PIP_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+    if target.before:
+        # pip's configuration files may name indexes that do not say when a file was uploaded (a
+        # local folder): pip would take their newest files whatever the date. Its PIP_* variables
+        # still apply.
+        env["PIP_CONFIG_FILE"] = os.devnull
     try:
         return subprocess.run(
             [sys.executable, "-c", PIP_SHIM, target.python, *args],
@@ -311,6 +321,7 @@ def resolve(
         # Not --quiet: it hides which package has no distribution behind a ResolutionImpossible.
         args = ["install", "--dry-run", "--ignore-installed", "--report", str(report), "-c", str(pinned)]
         args += [*target.pip_options(), *(f"--find-links={folder}" for folder in find_links), "-r", str(listing)]
+        args += ["--uploaded-prior-to", target.before] if target.before else []
         done = _pip(target, args)
         if done.returncode != 0 or not report.is_file():
             raise _pip_failure(done.stderr + done.stdout, what, target)
@@ -410,6 +421,25 @@ def fetch(wheels: Iterable[Wheel], folder: Path, target: Target, *, log: Log | N
     if not missing:
         return
     say(f"downloading {len(missing)} file(s) into {cache}")
+    for batch in _one_version_each(missing):
+        _download(batch, folder, cache, target)
+
+
+def _one_version_each(wheels: list[Wheel]) -> list[list[Wheel]]:
+    """`wheels` in batches that name each project once: a wheelhouse may hold two versions of one
+    (what an early step installs and what a later one replaces it with), but pip refuses two
+    versions of one project in one command."""
+    batches: list[list[Wheel]] = []
+    for wheel in wheels:
+        name = canonicalize_name(wheel.name)
+        batch = next((b for b in batches if all(canonicalize_name(w.name) != name for w in b)), None)
+        if batch is None:
+            batches.append(batch := [])
+        batch.append(wheel)
+    return batches
+
+
+def _download(missing: list[Wheel], folder: Path, cache: Path, target: Target) -> None:
     with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
         urls = [w.url + (f"#sha256={w.sha256}" if w.sha256 and "#" not in w.url else "") for w in missing]
         done = _pip(target, ["download", "--no-deps", "--quiet", "-d", tmp, *target.pip_options(), *urls])
@@ -618,18 +648,34 @@ def venv_bootstrap(venv: str, wheels: str, tools: Iterable[Wheel]) -> str:
 
 
 def docker_build(
-    client: Any, context: Path, tag: str, fail: Callable[[str, str], Exception], labels: dict[str, str] | None = None
+    client: Any,
+    context: Path,
+    tag: str,
+    fail: Callable[[str, str], Exception],
+    labels: dict[str, str] | None = None,
+    steps: list[tuple[str, float]] | None = None,
 ) -> str:
     """`docker build` of `context` (its Dockerfile) with no network; what it printed, or
-    `fail(error, output)` raised."""
+    `fail(error, output)` raised. `steps` gets each instruction as it starts, with the time
+    (`time.monotonic()`), and ("", time) when the build ends."""
     output: list[str] = []
     for chunk in client.api.build(
         path=str(context), tag=tag, network_mode="none", rm=True, forcerm=True, labels=labels or {}, decode=True
     ):
-        output.append(chunk.get("stream", ""))
+        text = chunk.get("stream", "")
+        output.append(text)
+        started = STEP.search(text)
+        if started and steps is not None:
+            steps.append((started.group(1).strip(), time.monotonic()))
         if "error" in chunk:
             raise fail(str(chunk["error"]), "".join(output))
+    if steps is not None:
+        steps.append(("", time.monotonic()))
     return "".join(output)
+
+
+STEP = re.compile(r"^Step \d+/\d+ : (.*)$", re.M)
+"""The line the engine's builder starts each instruction with."""
 
 
 def plain(output: str) -> str:

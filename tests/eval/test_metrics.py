@@ -35,3 +35,29 @@ def test_swebench_report_shape():
     assert report["empty_patch_ids"] == ["c"] and report["error_ids"] == ["d", "e"]
     assert report["incomplete_ids"] == ["f"] and report["completed_ids"] == ["a", "b"]
     assert (report["total_instances"], report["submitted_instances"], report["schema_version"]) == (6, 5, 2)
+
+
+def test_the_report_times_each_image_and_names_the_rows_on_another_python(tmp_path) -> None:
+    from orchard.eval.report import image_lines, write_report
+    from orchard.eval.runner import summarize
+
+    build = {"base": 0.1, "interpreter": 3.0, "dependencies": 25.4, "repository": 18.0, "total": 46.5}
+    images = {
+        "django__django-11049": {
+            "seconds": 47.0, "image": "orchard/swe:d", "build": build,
+            "python": {"asked": "3.6", "ran": "3.9.2", "other": True},
+        },
+        "pallets__flask-5063": {  # built by an earlier run: found at once
+            "seconds": 0.1, "image": "orchard/swe:f", "build": {**build, "total": 30.0},
+            "python": {"asked": "3.11", "ran": "3.11.2", "other": False},
+        },
+    }  # fmt: skip
+    assert image_lines(images) == [
+        "image of django__django-11049: built in 46 s (interpreter 3 s, dependencies 25 s, repository 18 s)",
+        "django__django-11049 asks for Python 3.6 and ran on 3.9.2 (see its warnings)",
+    ]
+    summary = summarize([], ["django__django-11049", "pallets__flask-5063"]) | {"images": images}
+    text = write_report(tmp_path, summary, "t").read_text()
+    assert "| django__django-11049 | 3.6 → 3.9.2 (other) | 0 / 3 / 25 / 18 = 46 s | 47 |" in text
+    assert "| pallets__flask-5063 | 3.11 → 3.11.2 | 0 / 3 / 25 / 18 = 30 s | 0 |" in text
+    assert "1 ran on another Python than they ask for" in text and "`django__django-11049`." in text

@@ -14,6 +14,7 @@ import importlib.metadata
 import io
 import json
 import os
+import re
 import subprocess
 import tarfile
 import zipfile
@@ -224,6 +225,8 @@ def envdemo_spec(monkeypatch: pytest.MonkeyPatch) -> None:
             "apt-get update && apt-get install -y locales",  # needs the network: skipped
             "locale-gen en_US.UTF-8",  # needs what apt-get would have installed: fails, recorded
             "echo ran > /tmp/pre_install_ran",
+            # as sphinx 3.x's rewrite of its setup.py: the repository now asks for a newer pin
+            """sed -i 's/"orchard-envdemo-dep"]/"orchard-envdemo-dep", "orchard-envdemo-pin>=2"]/' pyproject.toml""",
         ],
         "install": "python -m pip install -e .[test]",
         "test_cmd": "pytest -rA",
@@ -318,6 +321,32 @@ def test_build_output_naming_a_missing_package_is_one_line() -> None:
     output = ["Step 5/9 : RUN python -m pip install x\n", "ERROR: No matching distribution found for orchard-gone==2\n"]
     message = environments._build_failure("The command returned a non-zero code: 1", output)
     assert "\n" not in message and message.startswith("orchard-gone==2 is not in the image's wheelhouse")
+
+
+def test_a_failed_install_names_its_step() -> None:
+    steps = {"RUN python -m pip install 'Jinja2==3.0.3'": "pip_packages"}
+    output = "Step 3/9 : COPY wheels /w\nStep 4/9 : RUN python -m pip install 'Jinja2==3.0.3'\nERROR: boom\n"
+    assert environments._failed_step(output, steps) == " at pip_packages (`python -m pip install 'Jinja2==3.0.3'`)"
+    assert environments._failed_step("Step 3/9 : COPY wheels /w\n", steps) == ""
+
+
+def test_the_repository_s_install_replaces_what_it_excludes_as_pip_does() -> None:
+    """sphinx 3.4's spec: `pip_packages` install Jinja2 3.0.3, then `pre_install` makes setup.py
+    ask for Jinja2<3.0 and markupsafe<=2.0.1; pip, installing the repository, replaces both (a
+    later step wins, as in SWE-bench's harness) and keeps what it does not exclude."""
+    project = Project(
+        "Sphinx", "3.4.0",
+        ("Jinja2<3.0", "markupsafe<=2.0.1", "docutils>=0.12", "pytest; extra == 'test'",
+         "typed-ast; python_version < '3.8' and extra == 'test'", "colorama>=0.3.5; sys_platform == 'win32'"),
+        provides_extra=("test",), extras=("test",),
+    )  # fmt: skip
+    pins = ["Jinja2==3.0.3", "MarkupSafe==2.1.5", "docutils==0.17.1", "pytest==8.0.0", "typed-ast==1.0", "tox==4.16.0"]
+    assert environments.superseded(pins, project, "3.9.2") == {
+        "Jinja2==3.0.3": "Jinja2<3.0",
+        "MarkupSafe==2.1.5": "markupsafe<=2.0.1",
+    }
+    older = Project("x", "1", ("pytest<8; extra == 'test'",), provides_extra=("test",))  # not installed with [test]
+    assert environments.superseded(["pytest==8.0.0"], older, "3.9.2") == {}
 
 
 def test_extras_and_build_requirements_are_read_as_pip_reads_them(tmp_path: Path) -> None:
@@ -560,7 +589,9 @@ def test_the_image_installs_offline_from_the_wheelhouse(
     """Requirements read at environment_setup_commit (base_commit's would not resolve), less a
     line that does not build here, pinned pip packages, pre_install lines skipped (network) or
     failed, all recorded; `install` offline at build time and again in a sandbox, where `python`,
-    `pip` and `pytest` are the venv's.
+    `pip` and `pytest` are the venv's. The steps run in SWE-bench's order, a later one winning:
+    the requirements' newest pin, then `pip_packages`' older one, then the repository's own
+    requirement (rewritten by `pre_install`) of a newer one. How long each part took is kept.
 
     Slow: it resolves and downloads into a wheelhouse, then builds a task image from it offline.
     """
@@ -591,8 +622,16 @@ def test_the_image_installs_offline_from_the_wheelhouse(
             out = box.exec(script, cwd=task.workdir, timeout=300).stdout.split("\n")
         venv = environments.VENV
         assert out[:4] == [f"{venv}/bin/python", f"{venv}/bin/pip", f"{venv}/bin/pytest", "1"]
-        assert out[4:7] == ["ran", "1", "reinstalled"]  # pip_packages' pin won over the requirements' newest
+        assert out[4:7] == ["ran", "2", "reinstalled"]
         assert "1 passed" in out[7]
+        assert any(  # pip_packages' pin had won over the requirements' newest; the install replaced it
+            "the repository's install replaces orchard-envdemo-pin==1.0: it asks for orchard-envdemo-pin>=2" in line
+            for line in lines
+        )
+        build = environments.build_seconds(image)
+        assert build is not None and min(build["interpreter"], build["dependencies"], build["repository"]) > 0
+        assert build["total"] == pytest.approx(sum(build[part] for part in environments.BUILD_PARTS), abs=0.2)
+        assert any(line.startswith(f"built {image} in ") for line in lines)
     finally:
         docker_client.images.remove(image, force=True)
 
@@ -739,3 +778,31 @@ def test_the_venv_is_what_any_start_of_its_python_imports_from(client, base_imag
         seen = box.exec("/w/.tox/py/bin/python -c 'import probe; print(probe.WHERE)'")
         assert seen.stdout == "1\n", seen
         assert box.exec(f"{venv}/bin/python -c 'import probe'").ok  # and the venv itself as before
+
+
+def test_a_newer_python_reports_test_descriptions_as_the_one_asked_for(client, base_image) -> None:
+    """Django 3.x rows ask for Python 3.6 and run on 3.9 here. Since 3.7 unittest describes a test
+    whose docstring begins with a newline by its first non-empty line, which Django's verbose
+    runner prints where SWE-bench's parser reads the test's name: tests that passed counted as
+    missing. The image's edit makes the base interpreter describe them as 3.6 did."""
+    (difference,) = [d for d in environments.DIFFERENCES if d.module == "unittest.case"]
+    assert difference.applies("3.6", "3.11.2") and not difference.applies("3.9", "3.11.2")
+    assert not difference.applies(None, "3.11.2") and not difference.applies("3.6", "3.6.15")
+    script = (
+        "import unittest\n"
+        "class T(unittest.TestCase):\n"
+        "    def test_lead(self):\n        '''\n        Described on its second line.\n        '''\n"
+        "    def test_first(self):\n        '''Described on its first line.'''\n"
+        "unittest.main(verbosity=2)\n"
+    )
+    with client.create(base_image) as box:
+        box.write_file("/tmp/t.py", script.encode())
+        before = box.exec("cd /tmp && python3 t.py").stderr
+        assert "Described on its second line." in before and "Described on its first line." in before  # 3.7+
+        edited = box.exec(difference.command())
+        assert edited.ok, edited
+        after = box.exec("cd /tmp && python3 -B t.py && python3 t.py").stderr
+        assert "Described on its second line." not in after and after.count("Described on its first line.") == 2
+        assert re.search(r"^test_lead \(__main__\.T[.\w]*\) \.\.\. ok$", after, re.M)  # as the django parser reads
+        again = box.exec(difference.command())  # an interpreter without the line: the build fails, naming it
+        assert not again.ok and "does not say: return doc.strip()" in again.stderr

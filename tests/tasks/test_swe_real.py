@@ -8,7 +8,8 @@ It needs the repositories, which are not in this project: the development set's 
 
     ./dev swe-real DIR        # DIR holds tasks.jsonl and repos/ (the shared swe-real folder)
 
-The rows are `data/swe-bench-lite-7.jsonl`, exactly as published, with no field added.
+The rows are DIR's `tasks.jsonl` (the shared folder's 13: django 3.0-5.0, sphinx 3.4-5.0, flask,
+sympy, pytest, requests, pylint), exactly as published, with no field added.
 """
 
 from __future__ import annotations
@@ -26,15 +27,16 @@ from orchard.tasks.loading import load_tasks
 
 pytestmark = pytest.mark.swe_real
 
-ROWS = Path(__file__).parent / "data" / "swe-bench-lite-7.jsonl"
+SOURCE = Path(os.environ.get("ORCHARD_SWE_REAL", "")).expanduser()
+ROWS = SOURCE / "tasks.jsonl"
 
 
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory) -> Path:
     """The archives unpacked into `DIR/owner/name` by the example script, as the README does."""
-    source = Path(os.environ.get("ORCHARD_SWE_REAL", "")).expanduser()
-    if not (source / "repos").is_dir():
-        pytest.fail("set ORCHARD_SWE_REAL to the folder holding repos/*.tar.gz (./dev swe-real DIR)")
+    source = SOURCE
+    if not (source / "repos").is_dir() or not ROWS.is_file():
+        pytest.fail("set ORCHARD_SWE_REAL to the folder holding tasks.jsonl and repos/*.tar.gz (./dev swe-real DIR)")
     root = tmp_path_factory.mktemp("mirror")
     script = Path(__file__).parents[2] / "examples" / "tasks" / "unpack_mirror.py"
     subprocess.run([sys.executable, str(script), str(source / "repos"), str(root)], check=True, capture_output=True)
@@ -78,10 +80,11 @@ def without_main_hunk(patch: str) -> str:
 
 
 def test_gold_resolves_every_instance_and_broken_patches_none(mirror: Path, tmp_path: Path, docker_client):
-    """Every row's gold patch resolves (pytest's rows through the sealed runner), and the same patch
-    without its main hunk resolves none.
+    """Every row's gold patch resolves (pytest's rows through the sealed runner, sphinx's through
+    tox-current-env, Django 3.x's on Python 3.9 made to describe tests as the 3.6 they ask for),
+    and the same patch without its main hunk resolves none.
 
-    Slow: seven real repositories' test runs, twice (about 6 minutes with their images cached)."""
+    Slow: thirteen real repositories' test runs, twice (about 10 minutes with their images cached)."""
     tasks = load_tasks(ROWS)
     gold = eval_cli(
         "--predictions", "gold", "--repos", str(mirror), "--report", str(tmp_path / "gold.json"), home=tmp_path
@@ -89,6 +92,10 @@ def test_gold_resolves_every_instance_and_broken_patches_none(mirror: Path, tmp_
     assert gold.returncode == 0, gold.stdout + gold.stderr
     resolved = set(report_of(tmp_path / "gold.json")["resolved_ids"])
     assert resolved == {task.instance_id for task in tasks}, gold.stdout  # requests' connect timeouts too
+    for task in tasks:  # the run says which rows ran on another Python than they ask for
+        python = task.environment().python
+        if python in ("3.6", "3.7", "3.8"):
+            assert f"{task.instance_id} asks for Python {python} and ran on 3.9" in gold.stdout, gold.stdout
 
     broken = tmp_path / "broken.jsonl"
     broken.write_text(

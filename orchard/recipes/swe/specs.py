@@ -25,6 +25,12 @@ from typing import Any
 SWEBENCH_VERSION = "4.1.0"
 """The release whose specs are honoured (5.x no longer ships them: it evaluates from images)."""
 
+RESOLVED_BEFORE = "2025-01-01T00:00:00Z"
+"""What SWE-bench's specs install is resolved as of when SWE-bench published its instance images
+(swebench 3.0, January 2025), as those images hold it: a later release of a dependency the spec
+leaves unpinned can break rows they pass (docutils 0.22 dropped `docutils.utils.roman`, which
+sphinx 3.x imports). Indexes that do not say when a file was uploaded offer all they hold."""
+
 TEST_STATUSES = frozenset({"PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL"})
 
 

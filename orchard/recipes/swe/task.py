@@ -202,6 +202,21 @@ class SWETask(TaskBase):
 
         return task_image(self, prepare.mirror(), source=prepare.image_source)
 
+    def image_facts(self, image: str) -> dict[str, Any]:
+        from orchard.recipes.swe.environments import LABEL_PREFIX, WARNINGS_LABEL, build_seconds, image_labels
+
+        try:
+            labels = image_labels(image)
+        except OrchardError:
+            labels = {}
+        asked, ran = self.environment().python, labels.get(LABEL_PREFIX + "python")
+        other = bool(asked and ran and ran.split(".")[:2] != asked.split(".")[:2])
+        return {
+            "build": build_seconds(image),
+            "warnings": list(json.loads(labels.get(WARNINGS_LABEL) or "[]")),
+            "python": {"asked": asked, "ran": ran, "other": other},
+        }
+
     def start(self, box: Sandbox) -> None:
         """The agent's shell starts in the repository, with the `testbed` conda env active in a
         prebuilt SWE-bench image (a no-op in Orchard's images), as the grader runs."""
