@@ -49,7 +49,7 @@ lint:
     ruff check orchard tests bench examples
     mypy orchard
 
-# real SWE-bench Lite rows on their real repositories (slow): DIR holds repos/*.tar.gz
+# real SWE-bench Lite rows on their real repositories, gold and broken patches (slow): DIR holds tasks.jsonl and repos/*.tar.gz
 swe-real DIR: images
     orchard image build-base --release bullseye
     ORCHARD_SWE_REAL={{DIR}} pytest -m swe_real -p no:cacheprovider tests/tasks/test_swe_real.py

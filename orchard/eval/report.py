@@ -159,11 +159,9 @@ def _image_section(images: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(f"| {task} | {asked} → {ran}{mark} | {build} | {facts.get('seconds', 0):.0f} |")
     others = [task for task, facts in described.items() if (facts.get("python") or {}).get("other")]
     if others:
-        lines += [
-            "",
-            f"{len(others)} ran on another Python than they ask for (their warnings say how that is made up for):",
-        ]
-        lines += [f"`{task}`" + (", " if n < len(others) - 1 else ".") for n, task in enumerate(others)]
+        why = "their warnings say how that is made up for"
+        listed = ", ".join(f"`{task}`" for task in others)
+        lines += ["", f"{len(others)} ran on another Python than they ask for ({why}): {listed}."]
     return [*lines, ""]
 
 

@@ -55,10 +55,16 @@ def report_of(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def without_main_hunk(patch: str) -> str:
-    """The patch with its main hunk (the one changing most lines) undone: its removed lines kept,
-    its added lines gone, one comment line added so the patch still changes something. A fix that
-    misses its point, applied and tested like any other."""
+UNDONE = {"sphinx-doc__sphinx-10325": 1}
+"""Rows whose broken patch undoes another hunk than the main one, because the rest of the fix
+still passes without it: sphinx 5.0's second hunk alone makes `inherited_members` match by `in`,
+which on the option's plain string is a substring test, and the row's test names one class."""
+
+
+def without_main_hunk(patch: str, undone: int | None = None) -> str:
+    """The patch with its main hunk (the one changing most lines; or hunk number `undone`) undone:
+    its removed lines kept, its added lines gone, one comment line added so the patch still changes
+    something. A fix that misses its point, applied and tested like any other."""
     lines = patch.splitlines(keepends=True)
     starts = [i for i, line in enumerate(lines) if line.startswith("@@ ")]
     ends = [*starts[1:], len(lines)]
@@ -67,7 +73,7 @@ def without_main_hunk(patch: str) -> str:
         for i, end in zip(starts, ends, strict=True)
     ]
     changed = [sum(line[:1] in "+-" for line in lines[i + 1 : end]) for i, end in zip(starts, ends, strict=True)]
-    main = max(range(len(starts)), key=changed.__getitem__)
+    main = max(range(len(starts)), key=changed.__getitem__) if undone is None else undone
     start, end = starts[main], ends[main]
     body = [
         " " + line[1:] if line.startswith("-") else line for line in lines[start + 1 : end] if not line.startswith("+")
@@ -104,7 +110,7 @@ def test_gold_resolves_every_instance_and_broken_patches_none(mirror: Path, tmp_
                 {
                     "instance_id": t.instance_id,
                     "model_name_or_path": "broken",
-                    "model_patch": without_main_hunk(t.patch),
+                    "model_patch": without_main_hunk(t.patch, UNDONE.get(t.instance_id)),
                 }
             )
             + "\n"

@@ -9,9 +9,10 @@ row's fields on top), made as SWE-bench's harness makes it, offline. The reposit
 * **Python.** The base image is the Debian release that ships the Python the task asks for
   (`orchard.env.images.RELEASES`: 3.9 bullseye, 3.11 bookworm, 3.13 trixie; `orchard image
   build-base --release R`). A Python none of them offers runs on the nearest (a tie goes to the
-  older one), with a warning in the build log and on the image (`image_warnings`). A task without
-  a Python gets bookworm, as before; a missing base image is an error naming the command that
-  builds it.
+  older one), with a warning in the build log and on the image (`image_warnings`), and with the
+  edits of its standard library that make it report what the asked-for Python reports where a
+  row's test names depend on it (`DIFFERENCES`). A task without a Python gets bookworm, as
+  before; a missing base image is an error naming the command that builds it.
 * **Dependencies.** The requirements file read from the mirror at `environment_setup_commit` (at
   `base_commit`, with a warning, where the mirror lacks that commit), its `-r` includes merged one
   level as SWE-bench does; the spec's (conda) `packages` and its `environment.yml`, installed with
@@ -29,6 +30,10 @@ row's fields on top), made as SWE-bench's harness makes it, offline. The reposit
   offline too), then requirements, packages and pip packages in SWE-bench's order, the
   repository (`repos.checkout`: nothing newer than `base_commit`), `pre_install` (lines that need
   the network, `apt-get ...`, skipped; lines that fail, recorded; the build goes on) and `install`.
+  A later step wins as it does there: the repository's install replaces what an earlier step
+  installed and its own requirements exclude (`superseded`). What a spec installs is resolved as
+  of `specs.RESOLVED_BEFORE`; a step that fails is named in the error. How long each part of a
+  build took is kept (`build_seconds`) for the run's report.
 
 Tasks without a spec and with nothing to install (the example tasks) get the image they always
 had: the base, the checkout, their own `install`. The tag is a hash of what the image is made of
