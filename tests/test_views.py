@@ -146,7 +146,7 @@ def test_a_run_view_holds_what_the_dashboard_shows(db_url):
         db.add_all(_trajectory("other", "eval-z", "a-task", []))
     view = views.run_view("eval-a", store=Store.open(db_url))
     assert view is not None and (view.graded, view.resolved, view.headline) == (2, 1, "resolved bash 50%")
-    assert view.harnesses == [views.HarnessRow("bash", 2, 1, 0.5, {"resolved": 1})]
+    assert view.harnesses == [views.HarnessRow("bash", 2, 1, 0.5, {"resolved": 1}, graded=2)]
     assert [(t.id, t.instance_id, t.steps) for t in view.trajectories] == [("ta", "a-task", 0), ("tb", "b-task", 1)]
     assert views.run_view("nope", store=Store.open(db_url)) is None
 

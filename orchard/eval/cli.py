@@ -200,6 +200,7 @@ def _show(config: EvalConfig | CollectRunConfig, kind: str) -> None:
     from orchard.eval.console import EvalProgress, exits_on_interrupt, matrix_table, results_table
     from orchard.eval.jobs import jobs, run_jobs, swebench_reports
     from orchard.eval.report import image_lines
+    from orchard.eval.runner import machine_error_lines
 
     rerank = getattr(config, "rerank", None)
     console, summaries = Console(), {}
@@ -227,3 +228,11 @@ def _show(config: EvalConfig | CollectRunConfig, kind: str) -> None:
     if report is not None:
         Path(report).write_text(json.dumps(swebench_reports(summaries), indent=2) + "\n")
         typer.echo(f"SWE-bench report: {report}")
+    causes: dict[str, int] = {}
+    for summary in summaries.values():
+        for cause, count in (summary.get("machine_errors") or {}).items():
+            causes[cause] = causes.get(cause, 0) + count
+    if causes:  # no verdict on those attempts: not a run that went well
+        for line in machine_error_lines(causes):
+            typer.echo(line, err=True)
+        raise typer.Exit(1)

@@ -3,6 +3,7 @@ on Ctrl-C, one line and exit code 130."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -12,8 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from orchard.eval.report import flagged
-from orchard.eval.runner import RunInterrupted
+from orchard.eval.report import flagged, graded_cells
+from orchard.eval.runner import RunInterrupted, machine_error
 from orchard.store import ResultRecord
 
 INTERRUPTED = 130
@@ -65,6 +66,12 @@ class EvalProgress:
             self.task_id = self.progress.add_task("eval", total=total, completed=done, resolved=0)
         if record is not None and record.resolved:
             self.resolved += 1
+        if record is not None and machine_error(record) is not None:  # said as it happens, above the bar
+            error = str(json.loads(record.grade or "{}").get("error") or "")
+            where = f"{record.instance_id} {record.harness}/{record.sample}"
+            self.progress.console.print(
+                f"machine error: {where}: {error[:300]}", style="red", markup=False, soft_wrap=True
+            )
         self.progress.update(self.task_id, completed=done, resolved=self.resolved)
 
 
@@ -75,10 +82,13 @@ def results_table(summary: dict[str, Any], title: str) -> Table:
     scored = summary.get("metric") == "score"
     k_max = max((len(h["pass_at_k"]) for h in harnesses.values()), default=1)
     any_flagged = any(h.get("suspicious") for h in harnesses.values())
+    any_errors = any(h.get("machine_errors") for h in harnesses.values())
     table = Table(title=title)
     table.add_column("harness")
     table.add_column("resolved", justify="right")
     table.add_column("rate", justify="right")
+    if any_errors:
+        table.add_column("machine errors", justify="right", style="red")
     if scored:
         table.add_column("score", justify="right")
     if any_flagged:
@@ -90,14 +100,16 @@ def results_table(summary: dict[str, Any], title: str) -> Table:
     table.add_column("tokens", justify="right")
     table.add_column("outcomes")
     for name, row in harnesses.items():
-        cells = [name, f"{row['resolved']}/{row['attempts']}", f"{row['resolve_rate']:.1%}"]
+        cells = [name, *graded_cells(row)]
+        if any_errors:
+            cells.append(str(row.get("machine_errors", 0)))
         if scored:
             cells.append(f"{row['mean_score']:.3f}")
         if any_flagged:
             cells.append(flagged(row))
         if k_max > 1:
             k = str(len(row["pass_at_k"]))
-            cells += [f"{row['pass_at_k'][k]:.1%}", f"{row['pass_hat_k'][k]:.1%}"]
+            cells += [f"{row['pass_at_k'][k]:.1%}", f"{row['pass_hat_k'][k]:.1%}"] if k != "0" else ["-", "-"]
         cells += [
             f"{row['mean_steps']:.1f}",
             f"{row['mean_tokens']:.0f}",

@@ -99,11 +99,16 @@ def write_report(folder: Path, summary: dict[str, Any], title: str) -> Path:
         k = str(len(row["pass_at_k"]))
         outcomes = ", ".join(f"{kind} {count}" for kind, count in row["outcomes"].items())
         score = f" {row['mean_score']:.3f} |" if scored else ""
+        passes = f"{row['pass_at_k'][k]:.1%} (k={k}) | {row['pass_hat_k'][k]:.1%}" if k != "0" else "- | -"
+        resolved, rate = graded_cells(row)
         lines.append(
-            f"| {name} | {row['resolved']}/{row['attempts']} | {row['resolve_rate']:.1%} |{score} {flagged(row)} "
-            f"| {row['pass_at_k'][k]:.1%} (k={k}) | {row['pass_hat_k'][k]:.1%} | {row['mean_steps']:.1f} "
+            f"| {name} | {resolved} | {rate} |{score} {flagged(row)} | {passes} | {row['mean_steps']:.1f} "
             f"| {row['mean_tokens']:.0f} | {outcomes} |"
         )
+    causes = summary.get("machine_errors") or {}
+    if causes:
+        lines += ["", "**Machine errors** (not verdicts on the model: left out of the rates above):", ""]
+        lines += [f"* {count} attempt{'s' if count > 1 else ''}: {cause}" for cause, count in causes.items()]
     report = summary["report"]
     lines += [
         "",
@@ -178,6 +183,13 @@ def image_lines(images: dict[str, dict[str, Any]]) -> list[str]:
         if python.get("other"):
             lines.append(f"{task} asks for Python {python['asked']} and ran on {python['ran']} (see its warnings)")
     return lines
+
+
+def graded_cells(row: dict[str, Any]) -> list[str]:
+    """A harness row's `resolved/graded` and its rate: attempts that a machine error ended are
+    not counted (they are shown beside); `-` where none was graded."""
+    graded = row.get("graded", row["attempts"])
+    return [f"{row['resolved']}/{graded}", f"{row['resolve_rate']:.1%}" if graded else "-"]
 
 
 def flagged(row: dict[str, Any]) -> str:

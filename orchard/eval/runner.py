@@ -178,6 +178,63 @@ def evaluate(
     store = store or Store.open()
     config = run_config(config, tasks)
     run_id = run_id_for(kind, config)
+    with only_run(run_id, store):
+        return _evaluate(
+            run_id, kind, tasks, harnesses, samples, solve, client=client, prepare=prepare, config=config,
+            name=name, concurrency=concurrency, store=store, on_progress=on_progress, report_ids=report_ids,
+            rerun=rerun, recorded=recorded,
+        )  # fmt: skip
+
+
+@contextmanager
+def only_run(run_id: str, store: Store) -> Generator[None, None, None]:
+    """Hold run `run_id` for this process: the same run started again while it runs (the same
+    command twice on one home) is refused with one line, so that nothing is done or written twice.
+    A lock on a file under the store's runs folder, which the system frees when its process ends."""
+    import fcntl
+    import os
+
+    folder = store.runs / ".locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{run_id}.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise OrchardError(
+                f"run {run_id} is already running (process {holder}): wait for it to end, or stop it "
+                "(Ctrl-C); the same command then resumes it"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _evaluate(
+    run_id: str,
+    kind: str,
+    tasks: Sequence[TaskBase],
+    harnesses: Sequence[str],
+    samples: int,
+    solve: Solver,
+    *,
+    client: Client,
+    prepare: Prepare,
+    config: dict[str, Any],
+    name: str,
+    concurrency: int,
+    store: Store,
+    on_progress: Callable[[int, int, ResultRecord | None], None] | None,
+    report_ids: Sequence[str] | None,
+    rerun: bool,
+    recorded: dict[str, Any] | None,
+) -> EvalResult:
     if rerun:
         delete_run(run_id, store=store)
     run, _resumed = start_run(run_id, kind, name, {**config, **(recorded or {})}, store=store)
@@ -228,7 +285,12 @@ def evaluate(
         f"score/{h}": row["mean_score"] for h, row in summary["harnesses"].items() if summary["metric"] == "score"
     }
     record_metrics(run_id, 0, rates, store=store)
-    finish_run(run_id, "finished", summary, store=store)
+    errors = sum(summary["machine_errors"].values())
+    if errors:  # not a verdict on the model: the run says so, and its command exits non-zero
+        error = f"{errors} of {len(results)} attempts ended by machine errors: " + ", ".join(summary["machine_errors"])
+        finish_run(run_id, "failed", summary, error=error, store=store)
+    else:
+        finish_run(run_id, "finished", summary, store=store)
     return EvalResult(run.id, folder, summary, results)
 
 
@@ -420,23 +482,26 @@ def summarize(results: Sequence[ResultRecord], task_ids: Sequence[str], metric: 
         harnesses.setdefault(record.harness, []).append(record)
     table = {}
     for harness, records in harnesses.items():
+        graded = [r for r in records if machine_error(r) is None]
         per_task: dict[str, tuple[int, int]] = {}
-        for record in records:
+        for record in graded:
             n, c = per_task.get(record.instance_id, (0, 0))
             per_task[record.instance_id] = (n + 1, c + int(record.resolved))
-        k_max = min(n for n, _ in per_task.values())
+        k_max = min((n for n, _ in per_task.values()), default=0)
         outcomes: dict[str, int] = {}
         for record in records:
             outcomes[record.outcome] = outcomes.get(record.outcome, 0) + 1
         flagged = [r for r in records if suspicious_of(r)]
         table[harness] = {
             "attempts": len(records),
+            "graded": len(graded),
+            "machine_errors": len(records) - len(graded),
             "tasks": len(per_task),
             "resolved": sum(r.resolved for r in records),
             "suspicious": len(flagged),
             "suspicious_resolved": sum(r.resolved for r in flagged),
-            "resolve_rate": sum(r.resolved for r in records) / len(records),
-            "mean_score": sum(score_of(r) for r in records) / len(records),
+            "resolve_rate": sum(r.resolved for r in graded) / max(1, len(graded)),
+            "mean_score": sum(score_of(r) for r in graded) / max(1, len(graded)),
             "pass_at_k": {str(k): mean_over_tasks(per_task, k, pass_at_k) for k in range(1, k_max + 1)},
             "pass_hat_k": {str(k): mean_over_tasks(per_task, k, pass_hat_k) for k in range(1, k_max + 1)},
             "mean_steps": sum(r.steps for r in records) / len(records),
@@ -445,14 +510,57 @@ def summarize(results: Sequence[ResultRecord], task_ids: Sequence[str], metric: 
         }
     first = next(iter(harnesses), None)
     outcomes_0 = {r.instance_id: r.outcome for r in harnesses.get(first or "", []) if r.sample == 0}
+    causes: dict[str, int] = {}
+    for record in results:
+        cause = machine_error(record)
+        if cause is not None:
+            causes[cause] = causes.get(cause, 0) + 1
     return {
         "metric": metric,
         "harnesses": table,
+        "machine_errors": dict(sorted(causes.items(), key=lambda item: -item[1])),
         "report": swebench_report(task_ids, outcomes_0),
         "suspicious": [
             {"id": r.id, "outcome": r.outcome, "reasons": suspicious_of(r)} for r in results if suspicious_of(r)
         ],
     }
+
+
+MACHINE_CAUSES = {
+    "the model server failed": "is it up at --base-url, serving the model? After timeouts, raise --request-timeout",
+    "the task's image could not be built": "its run_instance.log says why",
+    "a sandbox failed": "is the Docker engine (or the cluster) up, with room to start sandboxes?",
+    "the machine failed": "its run_instance.log says why",
+}
+"""The kinds of machine error a run reports, each with what to check; the same command tries the
+attempts again (`to_retry`)."""
+
+
+def machine_error(record: ResultRecord) -> str | None:
+    """The kind of machine fault that ended an attempt (a `MACHINE_CAUSES` key), or None for an
+    attempt that was graded (a verdict on the model, an `error` that is the task's included)."""
+    if record.outcome != "error":
+        return None
+    details = _details(record)
+    if details.get("fault") == "task":
+        return None
+    error = str(details.get("error") or "")
+    if "model server" in error:
+        return "the model server failed"
+    if error.startswith("no image for the task"):
+        return "the task's image could not be built"
+    if "sandbox" in error.lower():
+        return "a sandbox failed"
+    return "the machine failed"
+
+
+def machine_error_lines(causes: dict[str, int]) -> list[str]:
+    """One line per kind of machine error, with its count and what to do."""
+    return [
+        f"machine error: {count} attempt{'s' if count > 1 else ''}: {cause} ({MACHINE_CAUSES.get(cause, '')}); "
+        "not counted in the rates, and the same command tries them again"
+        for cause, count in causes.items()
+    ]
 
 
 def score_of(record: ResultRecord) -> float:

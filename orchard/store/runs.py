@@ -184,8 +184,14 @@ def headline(run: RunRecord) -> str:
     summary = json.loads(run.summary or "{}")
     harnesses = summary.get("harnesses")
     if isinstance(harnesses, dict):
-        rates = [f"{h} {row['resolve_rate']:.0%}" for h, row in harnesses.items() if "resolve_rate" in row]
-        return "resolved " + ", ".join(rates) if rates else ""
+        rates = [
+            f"{h} {row['resolve_rate']:.0%}" if row.get("graded", 1) else f"{h} -"
+            for h, row in harnesses.items()
+            if "resolve_rate" in row
+        ]
+        errors = sum(row.get("machine_errors", 0) for row in harnesses.values())
+        also = f" ({errors} machine error{'s' if errors > 1 else ''}, not counted)" if errors else ""
+        return "resolved " + ", ".join(rates) + also if rates else ""
     if "matrix" in summary:
         return "after: " + ", ".join(f"{h} {r:.0%}" for h, r in summary["matrix"].get("after", {}).items())
     for key in ("train_loss", "reward_mean", "rise_segments"):

@@ -68,6 +68,9 @@ class HarnessRow:
     resolved: int
     resolve_rate: float
     outcomes: dict[str, int]
+    graded: int = 0
+    """Attempts with a verdict: those a machine error ended are not in the rate."""
+    machine_errors: int = 0
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,8 @@ def run_view(run_id: str, *, store: Store | None = None) -> RunView | None:
                 row.get("resolved", 0),
                 row.get("resolve_rate", 0),
                 row.get("outcomes", {}),
+                row.get("graded", row.get("attempts", 0)),
+                row.get("machine_errors", 0),
             )
             for harness, row in summary.get("harnesses", {}).items()
         ],

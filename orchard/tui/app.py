@@ -143,10 +143,12 @@ class RunScreen(Screen):
             if len(metric.points) > 1:
                 box.mount(Sparkline(metric.values, summary_function=max))
         matrix = self.query_one("#matrix", DataTable)
-        matrix.add_columns("harness", "resolved", "rate", "outcomes")
+        matrix.add_columns("harness", "resolved", "rate", "machine errors", "outcomes")
         for row in run.harnesses:
             outcomes = ", ".join(f"{k} {v}" for k, v in row.outcomes.items())
-            matrix.add_row(row.harness, f"{row.resolved}/{row.attempts}", f"{row.resolve_rate:.0%}", outcomes)
+            rate = f"{row.resolve_rate:.0%}" if row.graded else "-"
+            errors = Text(str(row.machine_errors), style="red" if row.machine_errors else "")
+            matrix.add_row(row.harness, f"{row.resolved}/{row.graded}", rate, errors, outcomes)
         table = self.query_one("#trajectories", DataTable)
         table.add_columns("task", "harness", "status", "verdict", "steps")
         for t in run.trajectories:

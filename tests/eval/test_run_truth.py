@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -74,9 +75,9 @@ def noisy(row: dict) -> dict:
     }
 
 
-def eval_(*args: str):
+def eval_(*args: str, code: int = 0):
     result = runner.invoke(app, ["eval", *args])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == code, result.output
     return result
 
 
@@ -233,8 +234,10 @@ def test_resume_retries_what_the_machine_failed_and_keeps_every_verdict(
         ],
     )
     args = ("--tasks", str(tasks), "--predictions", str(predictions), "--repos", str(example_repos))
-    eval_(*args)
-    _, first = recorded()
+    failed = eval_(*args, code=1)  # a machine error: no verdict on that attempt, said, and the run failed
+    assert "machine error: 1 attempt: the task's image could not be built" in failed.stderr
+    (run,), first = recorded()
+    assert run.status == "failed"
     assert first[TEXTKIT_2].outcome == "error" and later in json.loads(first[TEXTKIT_2].grade)["error"]
     assert first[TIMECALC_1].outcome == "unresolved"
     _, image = example_task(TEXTKIT_2)
@@ -479,12 +482,13 @@ def test_the_models_own_endings_are_its_outcome_and_only_the_machines_are_errors
 class StubServer:
     """A real OpenAI-compatible HTTP server on loopback: it lists model `x`, answers a chat request
     with `submit`, and never answers one about a task whose statement holds `hang_on` (a server
-    that hangs); with `gone`, it answers every chat request 503 (a proxy whose model went away).
-    Not emulated: tool calls, streaming, usage beyond a count."""
+    that hangs); with `gone`, it answers every chat request 503 (a proxy whose model went away);
+    with `dies_after` N, it stops listening once it has answered N chat requests (a server killed
+    mid-run: connections are refused). Not emulated: tool calls, streaming, usage beyond a count."""
 
-    def __init__(self, hang_on: str = "", gone: bool = False):
+    def __init__(self, hang_on: str = "", gone: bool = False, dies_after: int = 0):
         self.hang_on, self.hanging, self.release = hang_on, threading.Event(), threading.Event()
-        self.gone = gone
+        self.gone, self.dies_after, self.answered = gone, dies_after, 0
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -517,6 +521,9 @@ class StubServer:
                         "usage": usage,
                     }
                 )
+                stub.answered += 1
+                if stub.answered == stub.dies_after:
+                    threading.Thread(target=stub.stop, daemon=True).start()
 
             def _answer(self, data, status=200):
                 payload = json.dumps(data).encode()
@@ -526,6 +533,7 @@ class StubServer:
                 self.end_headers()
                 self.wfile.write(payload)
 
+        self.stopping, self.stopped = threading.Lock(), False
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
@@ -536,8 +544,14 @@ class StubServer:
 
     def __exit__(self, *exc) -> None:
         self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.stop()
+
+    def stop(self) -> None:
+        with self.stopping:
+            if not self.stopped:
+                self.stopped = True
+                self.server.shutdown()
+                self.server.server_close()
 
 
 @pytest.fixture
@@ -549,7 +563,9 @@ def hanging_server() -> Iterator[StubServer]:
 def test_ctrl_c_stops_a_run_waiting_on_a_hung_model_server_and_keeps_what_finished(
     orchard_home, base_image, example_repos, docker_client, hanging_server, tmp_path
 ):
-    """Slow: a real `orchard eval` process (its imports are seconds) runs one episode, then hangs on the model server until Ctrl-C."""
+    """The same command started again meanwhile is refused in one line, writing nothing.
+
+    Slow: a real `orchard eval` process (its imports are seconds) runs one episode, then hangs on the model server until Ctrl-C."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")} | {"ORCHARD_HOME": str(orchard_home)}
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     with out.open("w") as stdout, err.open("w") as stderr:
@@ -580,6 +596,13 @@ def test_ctrl_c_stops_a_run_waiting_on_a_hung_model_server_and_keeps_what_finish
             deadline = time.monotonic() + 600
             while not hanging_server.hanging.wait(0.5):  # the second episode waits on the server
                 assert process.poll() is None and time.monotonic() < deadline, err.read_text()
+            flags = ["--ids", f"{TEXTKIT_1},{TEXTKIT_2}", "--model", "openai:x", "--base-url", hanging_server.url]
+            again = runner.invoke(
+                app, ["eval", "--tasks", str(TASKS), *flags, "--repos", str(example_repos), "--concurrency", "1"]
+            )
+            assert again.exit_code == 1, again.output
+            refused = again.stderr.strip()
+            assert refused.startswith("error: run eval-") and f"is already running (process {process.pid})" in refused
             os.kill(process.pid, signal.SIGINT)
             code = process.wait(timeout=60)  # a request hangs for minutes (120 s x 3 tries) before it fails
         finally:
@@ -594,6 +617,41 @@ def test_ctrl_c_stops_a_run_waiting_on_a_hung_model_server_and_keeps_what_finish
     assert trajectory.instance_id == TEXTKIT_1 and trajectory.status == "completed"
     managed = docker_client.api.containers(all=True, filters={"label": "org.orchard.managed=true"})
     assert [c["Names"] for c in managed if f":{process.pid}:" in c["Labels"].get("org.orchard.owner", "")] == []
+
+
+def test_a_model_server_killed_mid_run_is_a_machine_error_said_everywhere(orchard_home, base_image, example_repos):
+    """Two attempts, the server killed after answering the first: too few failures in a row to
+    stop the run, but the second attempt is no verdict on the model. It is said as it happens and
+    at the end (one line: the cause, the count, what to check), left out of the rate, and the
+    run is `failed` with exit code 1; the report and the TUI's view of the run say the same."""
+    from orchard.store.runs import headline
+    from orchard.store.views import run_view
+
+    ids = [TEXTKIT_1, TEXTKIT_2]
+    with StubServer(dies_after=1) as server:
+        flags = ["--ids", ",".join(ids), "--model", "openai:x", "--base-url", server.url, "--concurrency", "1"]
+        result = runner.invoke(app, ["eval", "--tasks", str(TASKS), *flags, "--repos", str(example_repos)])
+    assert result.exit_code == 1, result.output
+    live = [line for line in result.stderr.splitlines() if line.startswith("machine error: orchard-examples")]
+    assert len(live) == 1 and "the model server failed: APIConnectionError" in live[0], result.stderr
+    assert result.stderr.endswith(
+        "machine error: 1 attempt: the model server failed (is it up at --base-url, serving the model? After "
+        "timeouts, raise --request-timeout); not counted in the rates, and the same command tries them again\n"
+    ), result.stderr
+    assert re.search(r"│ bash +│ +0/1 │ +0\.0% │ +1 │", result.stdout), result.stdout  # machine errors beside
+    (run,), results = recorded()
+    assert run.status == "failed" and run.error == "1 of 2 attempts ended by machine errors: the model server failed"
+    assert {r.outcome for r in results.values()} == {"empty_patch", "error"}
+    summary = json.loads(run.summary)
+    row = summary["harnesses"]["bash"]
+    assert (row["attempts"], row["graded"], row["machine_errors"], row["resolve_rate"]) == (2, 1, 1, 0.0)
+    assert headline(run) == "resolved bash 0% (1 machine error, not counted)"
+    view = run_view(run.id)
+    assert view is not None
+    (shown,) = view.harnesses
+    assert (shown.graded, shown.machine_errors) == (1, 1)
+    report = (orchard_home / "runs" / run.id / "report.md").read_text()
+    assert "| bash | 0/1 | 0.0% |" in report and "* 1 attempt: the model server failed" in report
 
 
 def test_a_model_server_that_goes_away_stops_the_run_with_one_line(orchard_home, base_image, example_repos):
