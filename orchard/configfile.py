@@ -88,9 +88,18 @@ def _source(value: str, info: ValidationInfo) -> str:
     from orchard.tasks.loading import SCHEMES
 
     scheme, colon, _ = expanded.partition(":")
-    if colon and scheme in SCHEMES and not local.exists():  # `miniwob:click-button`: a set a package ships
+    found = _exists(local)
+    if colon and scheme in SCHEMES and not found:  # `miniwob:click-button`: a set a package ships
         return expanded
-    return os.path.abspath(local) if local.exists() or not hub_id else expanded
+    return os.path.abspath(local) if found or not hub_id else expanded
+
+
+def _exists(path: Path) -> bool:
+    """Whether `path` exists; False for what cannot be a path here (a name too long: a list of ids)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def _model_spec(value: str, info: ValidationInfo) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -63,6 +64,7 @@ def test_user_mistakes_are_one_line_errors(service, monkeypatch):
         (["sandbox", "create", "--network", "wide"], "--network must be one of 'blocked', 'dropped', 'open'"),
         (["sandbox", "create", "--memory", "1e400"], "memory '1e400' is too large"),
         (["sandbox", "rm", ".."], "sandbox id '..' is invalid"),
+        (["sandbox", "rm", "nosuchbox"], "no sandbox 'nosuchbox' (`orchard sandbox ls` lists them)"),
     ]:
         result = runner.invoke(app, argv)
         assert result.exit_code == 1, (argv, result.output)
@@ -91,6 +93,12 @@ def test_an_unreachable_service_is_a_clear_error(orchard_home, monkeypatch):
         assert result.stderr.startswith("error: no answer from http://127.0.0.1:9") and result.stderr.count("\n") == 1
 
 
+def started_pid(home: Path) -> int:
+    import json
+
+    return json.loads((home / "service.json").read_text())["pid"]
+
+
 def test_up_status_down_leave_nothing_behind(orchard_home, docker_client, base_image):
     """`orchard up` in the background, a sandbox through it, `orchard down`: service and sandbox gone."""
     import socket
@@ -106,6 +114,11 @@ def test_up_status_down_leave_nothing_behind(orchard_home, docker_client, base_i
     try:
         again = runner.invoke(app, ["up", "--port", str(port)], env=env)
         assert "already running" in again.stdout
+        moved = runner.invoke(app, ["up", "--port", str(port + 1)], env=env)  # not a service where asked: said
+        assert moved.exit_code == 1 and moved.stderr == (
+            f"error: a service is already running at http://127.0.0.1:{port} (pid {started_pid(orchard_home)}), "
+            f"not at 127.0.0.1:{port + 1}: `orchard down` stops it, then `orchard up` starts one where you ask\n"
+        )
         sandbox_id = runner.invoke(app, ["sandbox", "create", base_image], env=env).stdout.strip()
         assert docker_client.api.containers(filters={"name": f"orchard-{sandbox_id}"})
         import json
@@ -232,6 +245,12 @@ def test_export_to_a_missing_folder_is_one_line(orchard_home, tmp_path):
     out = tmp_path / "nosuch" / "x.jsonl"
     _one_error_line(runner.invoke(app, ["trajectories", "export", str(out)]), f"there is no folder {out.parent}")
     assert not out.parent.exists()
+    _one_error_line(runner.invoke(app, ["trajectories", "export", "--run", "nope"]), "no run 'nope'")
+    empty = runner.invoke(app, ["trajectories", "export"])  # stdout: the JSONL; stderr: what was written
+    assert (empty.exit_code, empty.stdout) == (0, "")
+    assert (
+        empty.stderr == "wrote 0 trajectories to stdout (none yet: `orchard eval` and `orchard collect` record them)\n"
+    )
 
 
 def test_model_tiny_on_a_file_is_one_line(tmp_path):

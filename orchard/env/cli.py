@@ -41,6 +41,7 @@ NO_ENGINE = "not reachable: start it (`sudo systemctl start docker`, or Docker D
 
 @command(app, "up")
 def up(
+    ctx: typer.Context,
     host: Annotated[str, typer.Option(metavar="ADDRESS", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(metavar="PORT", min=1, max=65535, help="Port to listen on.")] = 8765,
     api_key_file: Annotated[
@@ -107,6 +108,14 @@ def up(
 
     running = running_service()
     if running:
+        from click.core import ParameterSource
+
+        asked = [n for n in ("host", "port") if ctx.get_parameter_source(n) is not ParameterSource.DEFAULT]
+        if asked and running["url"].rstrip("/") != f"http://{host}:{port}":
+            raise OrchardError(
+                f"a service is already running at {running['url']} (pid {running['pid']}), not at {host}:{port}: "
+                "`orchard down` stops it, then `orchard up` starts one where you ask"
+            )
         typer.echo(f"already running at {running['url']} (pid {running['pid']}); `orchard down` stops it")
         return
     key = read_key_file(api_key_file) if api_key_file else load_or_create_key()
@@ -492,11 +501,19 @@ def sandbox_ls() -> None:
 
 @command(sandbox_app, "rm")
 def sandbox_rm(sandbox_ids: Annotated[list[str], typer.Argument(metavar="SANDBOX_ID", help="Sandbox ids.")]) -> None:
-    """Delete sandboxes (idempotent)."""
+    """Delete sandboxes; an id the service does not know is an error, and then none is deleted."""
     with _service_client() as client:
-        for sandbox_id in sandbox_ids:
-            client.attach(sandbox_id).delete()
-            typer.echo(f"deleted {sandbox_id}")
+        boxes = [client.attach(sandbox_id) for sandbox_id in sandbox_ids]  # a malformed id is refused here
+        known = {row["sandbox_id"] for row in client.list()}
+        unknown = [sandbox_id for sandbox_id in sandbox_ids if sandbox_id not in known]
+        if unknown:
+            raise OrchardError(
+                f"no sandbox {unknown[0]!r} (`orchard sandbox ls` lists them)"
+                + ("; none was deleted" if boxes[1:] else "")
+            )
+        for box in boxes:
+            box.delete()
+            typer.echo(f"deleted {box.id}")
 
 
 # -- benchmarks ---------------------------------------------------------------------------

@@ -179,11 +179,65 @@ def evaluate(
     config = run_config(config, tasks)
     run_id = run_id_for(kind, config)
     with only_run(run_id, store):
-        return _evaluate(
-            run_id, kind, tasks, harnesses, samples, solve, client=client, prepare=prepare, config=config,
-            name=name, concurrency=concurrency, store=store, on_progress=on_progress, report_ids=report_ids,
-            rerun=rerun, recorded=recorded,
-        )  # fmt: skip
+        if rerun:
+            delete_run(run_id, store=store)
+        run, _resumed = start_run(run_id, kind, name, {**config, **(recorded or {})}, store=store)
+        attempts = [Attempt(t, h, s) for t in tasks for h in harnesses for s in range(samples)]
+        earlier = {r.id: r for r in results_of(run_id, store=store)}
+        retries = {key: int(_details(r).get("retries") or 0) + 1 for key, r in earlier.items() if to_retry(r)}
+        pending = [a for a in attempts if a.result_id(run_id) not in earlier or a.result_id(run_id) in retries]
+        total, finished = len(attempts), len(attempts) - len(pending)
+        folder = store.run_folder(run_id)
+        single = len(harnesses) * samples == 1
+        if on_progress:
+            on_progress(finished, total, None)
+        try:
+            images, image_facts = _images(pending, prepare, concurrency)
+            startable = [(a.task, image) for a in pending if isinstance(image := images[a.task.instance_id], str)]
+            pools = TaskPools(client, concurrency if getattr(solve, "needs_sandbox", True) else 0)
+
+            def work(attempt: Attempt) -> ResultRecord:
+                retry = retries.get(attempt.result_id(run_id), 0)
+                image = images[attempt.task.instance_id]
+                if isinstance(image, str):
+                    pools.taking(attempt.task, image)
+                return _attempt(run_id, attempt, images, solve, client, store, folder, single, retry)
+
+            with pools.warm(startable), _finished(in_threads(work, pending, concurrency)) as records:
+                for record in records:
+                    finished += 1
+                    if on_progress:
+                        on_progress(finished, total, record)
+        except BaseException as exc:
+            stopped = isinstance(exc, KeyboardInterrupt)
+            partial = summarize(
+                results_of(run_id, store=store), report_ids or [t.instance_id for t in tasks], metric_of(tasks)
+            )
+            error = "stopped by Ctrl-C" if stopped else str(exc) or type(exc).__name__
+            finish_run(run_id, "interrupted" if stopped else "failed", partial, error=error, store=store)
+            if stopped and not isinstance(exc, RunInterrupted):
+                raise RunInterrupted(run_id, finished, total) from None
+            raise
+        results = results_of(run_id, store=store)
+        summary = summarize(results, report_ids or [t.instance_id for t in tasks], metric_of(tasks))
+        summary["images"] = image_facts
+        (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (folder / "report.json").write_text(json.dumps(summary["report"], indent=2) + "\n")
+        write_report(folder, summary, name)
+        rates = {f"resolve_rate/{h}": row["resolve_rate"] for h, row in summary["harnesses"].items()}
+        rates |= {
+            f"score/{h}": row["mean_score"] for h, row in summary["harnesses"].items() if summary["metric"] == "score"
+        }
+        record_metrics(run_id, 0, rates, store=store)
+        errors = sum(summary["machine_errors"].values())
+        if errors:  # not a verdict on the model: the run says so, and its command exits non-zero
+            error = f"{errors} of {len(results)} attempts ended by machine errors: " + ", ".join(
+                summary["machine_errors"]
+            )
+            finish_run(run_id, "failed", summary, error=error, store=store)
+        else:
+            finish_run(run_id, "finished", summary, store=store)
+        return EvalResult(run.id, folder, summary, results)
 
 
 @contextmanager
@@ -214,84 +268,6 @@ def only_run(run_id: str, store: Store) -> Generator[None, None, None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _evaluate(
-    run_id: str,
-    kind: str,
-    tasks: Sequence[TaskBase],
-    harnesses: Sequence[str],
-    samples: int,
-    solve: Solver,
-    *,
-    client: Client,
-    prepare: Prepare,
-    config: dict[str, Any],
-    name: str,
-    concurrency: int,
-    store: Store,
-    on_progress: Callable[[int, int, ResultRecord | None], None] | None,
-    report_ids: Sequence[str] | None,
-    rerun: bool,
-    recorded: dict[str, Any] | None,
-) -> EvalResult:
-    if rerun:
-        delete_run(run_id, store=store)
-    run, _resumed = start_run(run_id, kind, name, {**config, **(recorded or {})}, store=store)
-    attempts = [Attempt(t, h, s) for t in tasks for h in harnesses for s in range(samples)]
-    earlier = {r.id: r for r in results_of(run_id, store=store)}
-    retries = {key: int(_details(r).get("retries") or 0) + 1 for key, r in earlier.items() if to_retry(r)}
-    pending = [a for a in attempts if a.result_id(run_id) not in earlier or a.result_id(run_id) in retries]
-    total, finished = len(attempts), len(attempts) - len(pending)
-    folder = store.run_folder(run_id)
-    single = len(harnesses) * samples == 1
-    if on_progress:
-        on_progress(finished, total, None)
-    try:
-        images, image_facts = _images(pending, prepare, concurrency)
-        startable = [(a.task, image) for a in pending if isinstance(image := images[a.task.instance_id], str)]
-        pools = TaskPools(client, concurrency if getattr(solve, "needs_sandbox", True) else 0)
-
-        def work(attempt: Attempt) -> ResultRecord:
-            retry = retries.get(attempt.result_id(run_id), 0)
-            image = images[attempt.task.instance_id]
-            if isinstance(image, str):
-                pools.taking(attempt.task, image)
-            return _attempt(run_id, attempt, images, solve, client, store, folder, single, retry)
-
-        with pools.warm(startable), _finished(in_threads(work, pending, concurrency)) as records:
-            for record in records:
-                finished += 1
-                if on_progress:
-                    on_progress(finished, total, record)
-    except BaseException as exc:
-        stopped = isinstance(exc, KeyboardInterrupt)
-        partial = summarize(
-            results_of(run_id, store=store), report_ids or [t.instance_id for t in tasks], metric_of(tasks)
-        )
-        error = "stopped by Ctrl-C" if stopped else str(exc) or type(exc).__name__
-        finish_run(run_id, "interrupted" if stopped else "failed", partial, error=error, store=store)
-        if stopped and not isinstance(exc, RunInterrupted):
-            raise RunInterrupted(run_id, finished, total) from None
-        raise
-    results = results_of(run_id, store=store)
-    summary = summarize(results, report_ids or [t.instance_id for t in tasks], metric_of(tasks))
-    summary["images"] = image_facts
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (folder / "report.json").write_text(json.dumps(summary["report"], indent=2) + "\n")
-    write_report(folder, summary, name)
-    rates = {f"resolve_rate/{h}": row["resolve_rate"] for h, row in summary["harnesses"].items()}
-    rates |= {
-        f"score/{h}": row["mean_score"] for h, row in summary["harnesses"].items() if summary["metric"] == "score"
-    }
-    record_metrics(run_id, 0, rates, store=store)
-    errors = sum(summary["machine_errors"].values())
-    if errors:  # not a verdict on the model: the run says so, and its command exits non-zero
-        error = f"{errors} of {len(results)} attempts ended by machine errors: " + ", ".join(summary["machine_errors"])
-        finish_run(run_id, "failed", summary, error=error, store=store)
-    else:
-        finish_run(run_id, "finished", summary, store=store)
-    return EvalResult(run.id, folder, summary, results)
 
 
 def in_threads(work: Callable[[Any], Any], items: Sequence[Any], concurrency: int) -> Generator[Any, None, None]:

@@ -52,18 +52,22 @@ def load_tasks(source: str | Path, *, split: str = "test", ids: Sequence[str] | 
     """The tasks of `source` (a file, a dataset folder or a hub id), optionally only `ids`."""
     path = Path(source)
     scheme, _, argument = str(source).partition(":")
-    if argument and scheme in SCHEMES and not path.exists():
+    try:
+        is_file, is_dir = path.is_file(), path.is_dir()
+    except OSError:  # no path at all (a name too long: `miniwob:` and many ids)
+        is_file = is_dir = False
+    if argument and scheme in SCHEMES and not (is_file or is_dir):
         records = load(SCHEMES, scheme, "task set reader")(argument)
-    elif path.is_file():
+    elif is_file:
         records = read_records(path, "tasks", keys=("tasks", "instances"))
-    elif path.is_dir():
+    elif is_dir:
         found = read_folder(path)
         records = _records_of_dataset_folder(path, split) if found is None else found
     elif str(source).count("/") == 1 and not str(source).startswith((".", "/")):
         records = _records_of_hub(str(source), split)
     else:
         raise ConfigError(f"no task file or dataset at {source}")
-    tasks = _validate(records, str(source), path.parent if path.is_file() else None)
+    tasks = _validate(records, str(source), path.parent if is_file else None)
     if ids:
         wanted = set(ids)
         missing = sorted(wanted - {t.instance_id for t in tasks})

@@ -79,6 +79,10 @@ def test_user_mistakes_are_one_line(orchard_home, mirror):
         result = runner.invoke(app, ["eval", "--tasks", str(TASKS), *args])
         assert result.exit_code == 1 and result.stderr.startswith(f"error: {message}"), (args, result.output)
         assert result.stderr.count("\n") == 1
+    many = ",".join(f"no-such-page-with-a-long-name-{n}" for n in range(20))  # no file name is that long
+    for tasks, message in ((f"miniwob:{many}", "has no page 'no-such-page"), ("x" * 300, "no task file or dataset")):
+        result = runner.invoke(app, ["eval", "--tasks", tasks, "--model", "noop"])
+        assert result.exit_code == 1 and message in result.stderr and result.stderr.count("\n") == 1, result.output
 
 
 def test_trajectories_round_trip_through_jsonl(orchard_home, base_image, mirror, tmp_path):
@@ -88,6 +92,8 @@ def test_trajectories_round_trip_through_jsonl(orchard_home, base_image, mirror,
     out = tmp_path / "trajectories.jsonl"
     exported = runner.invoke(app, ["trajectories", "export", str(out)])
     assert exported.exit_code == 0 and exported.output == f"wrote 1 trajectories to {out}\n"
+    piped = runner.invoke(app, ["trajectories", "export"])  # to stdout, the count on stderr
+    assert piped.stdout == out.read_text() and piped.stderr == "wrote 1 trajectories to stdout\n"
     line = json.loads(out.read_text())
     assert set(line) == {"tools", "messages", "metadata"}
     metadata = json.loads(line["metadata"])
