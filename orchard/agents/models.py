@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import re
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -178,6 +179,9 @@ that refuses tools, a 401 of a revoked key, a 429 after the retries)."""
 PREFLIGHT_TIMEOUT = 30.0
 """Seconds the check before a run waits for the server's answer (its models, or one token)."""
 PING: list[Message] = [{"role": "user", "content": "Say OK."}]
+PING_CALL: list[Message] = [{"role": "user", "content": "Call the noop tool, with no arguments."}]
+PING_CALL_TOKENS = 48
+"""The budget of the check's one reply when a run offers tools: room for one call of `noop`."""
 PING_TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
@@ -245,7 +249,7 @@ class OpenAIModel:
     def session(self, task: TaskBase, harness: Harness) -> OpenAIModel:
         return self
 
-    def preflight(self, tools: bool = False) -> None:
+    def preflight(self, tools: bool = False) -> list[str]:
         """Before a run, the server's list of models, and one token of a chat when it has no list
         or the run offers `tools` (then asked with a tool and `tool_choice`, as the run will ask).
         A ConfigError, one line, when the server cannot be reached, refuses (a llama.cpp started
@@ -264,13 +268,24 @@ class OpenAIModel:
             shown = ", ".join(served[:10]) + (", ..." if len(served) > 10 else "")
             raise ConfigError(f"the model server at {self.url} has no model {self.name!r}: it serves {shown}")
         if not served or tools:
-            ping = self._request(PING, PING_TOOLS if tools else None, max_tokens=1)
+            ping = (
+                self._request(PING_CALL, PING_TOOLS, max_tokens=PING_CALL_TOKENS)
+                if tools
+                else self._request(PING, None, max_tokens=1)
+            )
             try:
-                _parsed(client.chat.completions.with_raw_response.create(**ping))
+                reply = _parsed(client.chat.completions.with_raw_response.create(**ping))
             except (openai.OpenAIError, ValueError) as exc:
                 raise ConfigError(
                     f"the model server at {self.url} {_answer(exc, 'POST /chat/completions', timeout)}"
                 ) from None
+            if tools and not reply.tool_calls:
+                return [
+                    f"the model server at {self.url} answered the check with text, not a call of the tool it was "
+                    "offered: if it ignores tools (llama-cpp-python without a function-calling chat format, a chat "
+                    "template without tools), every step of the tools and cli harnesses ends with 'no tool call'"
+                ]
+        return []
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> Reply:
         import openai
@@ -556,7 +571,8 @@ def model_from_spec(
         raise ConfigError(f"model {spec} does not take {', '.join('--' + n.replace('_', '-') for n in refused)}")
     model = adapter.from_spec(argument, base_url=base_url, api_key=api_key, **given)
     if check:
-        check_model(model, tools=tools)
+        for warning in check_model(model, tools=tools):  # before the run: the user may stop it
+            sys.stderr.write(f"warning: {warning}\n")
     return model
 
 
@@ -578,16 +594,17 @@ def role_model(spec: str, role: str, *, check: bool = True) -> ModelSession:
         return _ROLES[key]
 
 
-def check_model(model: Model, *, tools: bool = False) -> None:
+def check_model(model: Model, *, tools: bool = False) -> list[str]:
     """The model's `preflight()`, where it has one (`preflight(tools=True)` when the run offers
     tools): an adapter of a server makes a request or two there and raises ConfigError, one line
-    naming the server and its answer, when it cannot serve the model. Models without a server
-    (scripted, recorded, local) have nothing to check."""
+    naming the server and its answer, when it cannot serve the model; what it warns of (a server
+    that answers a tool's offer with text) is returned. Models without a server (scripted,
+    recorded, local) have nothing to check."""
     preflight = getattr(model, "preflight", None)
-    if callable(preflight) and tools:
-        preflight(tools=True)
-    elif callable(preflight):
-        preflight()
+    if not callable(preflight):
+        return []
+    said = preflight(tools=True) if tools else preflight()
+    return [str(each) for each in said] if isinstance(said, list) else []
 
 
 def _refused(function: Callable[..., Any], options: dict[str, Any]) -> list[str]:

@@ -176,7 +176,33 @@ def test_a_run_that_offers_tools_checks_the_server_takes_them():
         (ping,) = server.chats()
     assert str(refused.value).startswith(f"the model server at {server.url} refused POST /chat/completions: HTTP 500")
     assert "tools param requires --jinja flag" in str(refused.value) and "\n" not in str(refused.value)
-    assert ping["tool_choice"] == "auto" and ping["tools"][0]["function"]["name"] == "noop" and ping["max_tokens"] == 1
+    assert ping["tool_choice"] == "auto" and ping["tools"][0]["function"]["name"] == "noop" and ping["max_tokens"] == 48
+
+
+def test_a_server_that_answers_a_tools_offer_with_text_is_warned_of_before_the_run(capsys):
+    """llama-cpp-python without a function-calling chat format takes the tools and answers text:
+    the check asks for one call of its tool, and a reply without one is a warning (a small model
+    may miss once; the run goes on), said before any sandbox starts."""
+    call = {"type": "function", "function": {"name": "noop", "arguments": "{}"}, "id": "c1"}
+    calls = as_json({"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [call]}}]})
+
+    def answer(ignores_tools: bool):
+        return lambda method, path, body: (
+            lists("m") if method == "GET" else (completion("OK") if ignores_tools else calls)
+        )
+
+    for ignores_tools in (False, True):
+        with serving(answer(ignores_tools)) as server:
+            model_from_spec("openai:m", base_url=server.url, tools=True)
+        warned = capsys.readouterr().err
+        if ignores_tools:
+            assert warned == (
+                f"warning: the model server at {server.url} answered the check with text, not a call of the tool it was "
+                "offered: if it ignores tools (llama-cpp-python without a function-calling chat format, a chat template "
+                "without tools), every step of the tools and cli harnesses ends with 'no tool call'\n"
+            )
+        else:
+            assert warned == ""
 
 
 def test_a_model_made_unchecked_sends_nothing_and_an_option_an_adapter_lacks_is_named(tmp_path, monkeypatch):
