@@ -17,6 +17,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -130,6 +131,7 @@ def write_report(folder: Path, summary: dict[str, Any], title: str) -> Path:
         lines += ["above; check it before trusting it.", ""]
         lines += [f"* `{a['id']}` ({a['outcome']}): {'; '.join(a['reasons'])}" for a in flagged_attempts]
         lines.append("")
+    lines += _task_section(summary.get("tasks") or {})
     lines += _image_section(summary.get("images") or {})
     lines += [f"![{plot.stem}]({plot.name})" for plot in plots]
     path = folder / "report.md"
@@ -137,9 +139,29 @@ def write_report(folder: Path, summary: dict[str, Any], title: str) -> Path:
     return path
 
 
+def outcome_cell(records: Sequence[Any]) -> str:
+    """A task's attempts under one harness in a table's cell: its outcome, or `resolved 2/3` where
+    it had several samples; `-` for none."""
+    if not records:
+        return "-"
+    if len(records) == 1:
+        return str(records[0].outcome)
+    return f"resolved {sum(bool(r.resolved) for r in records)}/{len(records)}"
+
+
+def _task_section(tasks: dict[str, dict[str, str]]) -> list[str]:
+    """The report's per-task table: each task's outcome under each harness."""
+    if not tasks:
+        return []
+    harnesses = sorted({h for row in tasks.values() for h in row})
+    lines = ["## Per task", "", f"| task | {' | '.join(harnesses)} |", "|---|" + "---|" * len(harnesses)]
+    lines += [f"| {task} | {' | '.join(row.get(h, '-') for h in harnesses)} |" for task, row in sorted(tasks.items())]
+    return [*lines, ""]
+
+
 def _parts(build: dict[str, float]) -> list[str]:
     """The parts a kind times its image builds by (SWE: base, interpreter, dependencies, repository)."""
-    return [part for part in build if part != "total"]
+    return [part for part in build if part not in ("total", "at")]
 
 
 def _build_text(build: dict[str, float]) -> str:
@@ -176,7 +198,7 @@ def image_lines(images: dict[str, dict[str, Any]]) -> list[str]:
     lines = []
     for task, facts in sorted(images.items()):
         build = facts.get("build")
-        if build and facts.get("seconds", 0) >= 0.8 * build.get("total", 0) > 0:  # built in this run
+        if build and facts.get("built"):
             parts = ", ".join(f"{part} {build[part]:.0f} s" for part in _parts(build) if build[part] >= 0.5)
             lines.append(f"image of {task}: built in {build['total']:.0f} s ({parts or 'no part took a second'})")
         python = facts.get("python") or {}
@@ -200,6 +222,31 @@ def flagged(row: dict[str, Any]) -> str:
     return f"{count} ({resolved} resolved)" if count else "0"
 
 
+def rate_chart(
+    path: Path, labels: list[str], rates: list[float], title: str, intervals: list[tuple[float, float]] | None = None
+) -> None:
+    """A bar chart of rates (0..1) as percentages, with their intervals as error bars where given."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(3.0, 1.3 * len(labels) + 1), 3.2))
+    errors = None
+    if intervals is not None:
+        errors = [
+            [max(0.0, (r - low) * 100) for r, (low, _) in zip(rates, intervals, strict=True)],
+            [max(0.0, (high - r) * 100) for r, (_, high) in zip(rates, intervals, strict=True)],
+        ]
+    ax.bar(labels, [r * 100 for r in rates], yerr=errors, capsize=4, color="#4c8c4a")
+    ax.set_ylabel("resolved %" + (" (95% interval)" if intervals is not None else ""))
+    ax.set_ylim(0, 100)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _plots(folder: Path, harnesses: dict[str, Any]) -> list[Path]:
     import matplotlib
 
@@ -208,14 +255,7 @@ def _plots(folder: Path, harnesses: dict[str, Any]) -> list[Path]:
 
     names = list(harnesses)
     rate_path, outcome_path = folder / "resolve_rate.png", folder / "outcomes.png"
-    fig, ax = plt.subplots(figsize=(max(3.0, 1.2 * len(names) + 1), 3))
-    ax.bar(names, [harnesses[n]["resolve_rate"] * 100 for n in names], color="#4c8c4a")
-    ax.set_ylabel("resolved %")
-    ax.set_ylim(0, 100)
-    ax.set_title("Resolve rate by harness")
-    fig.tight_layout()
-    fig.savefig(rate_path, dpi=100)
-    plt.close(fig)
+    rate_chart(rate_path, names, [harnesses[n]["resolve_rate"] for n in names], "Resolve rate by harness")
 
     fig, ax = plt.subplots(figsize=(max(3.0, 1.2 * len(names) + 2), 3))
     bottom = [0] * len(names)

@@ -37,7 +37,7 @@ from orchard.agents.models import ModelUnavailable
 from orchard.errors import OrchardError
 from orchard.eval.attempt import TaskPools
 from orchard.eval.metrics import mean_over_tasks, pass_at_k, pass_hat_k, swebench_report
-from orchard.eval.report import attempt_folder, write_attempt, write_report
+from orchard.eval.report import attempt_folder, outcome_cell, write_attempt, write_report
 from orchard.store import ResultRecord, Store
 from orchard.store.runs import add_result, delete_run, finish_run, record_metrics, results_of, start_run
 from orchard.tasks.base import Grade, Prepare
@@ -341,6 +341,7 @@ def _images(
     the report, what each took this run (`seconds`: its build, or finding it built) with what its
     kind says of it (`TaskBase.image_facts`)."""
     tasks = {a.task.instance_id: a.task for a in attempts}
+    began = time.time()
 
     def build(task: TaskBase) -> tuple[str, str | OrchardError, dict[str, Any]]:
         started = time.monotonic()
@@ -353,6 +354,7 @@ def _images(
         facts: dict[str, Any] = {"seconds": round(time.monotonic() - started, 1)}
         if isinstance(image, str):
             facts |= {"image": image, **task.image_facts(image)}
+            facts["built"] = bool((facts.get("build") or {}).get("at", 0) >= began)
         return task.instance_id, image, facts
 
     done = list(in_threads(build, list(tasks.values()), concurrency))
@@ -491,9 +493,13 @@ def summarize(results: Sequence[ResultRecord], task_ids: Sequence[str], metric: 
         cause = machine_error(record)
         if cause is not None:
             causes[cause] = causes.get(cause, 0) + 1
+    cells: dict[str, dict[str, list[ResultRecord]]] = {}
+    for record in results:
+        cells.setdefault(record.instance_id, {}).setdefault(record.harness, []).append(record)
     return {
         "metric": metric,
         "harnesses": table,
+        "tasks": {task: {h: outcome_cell(rs) for h, rs in row.items()} for task, row in sorted(cells.items())},
         "machine_errors": dict(sorted(causes.items(), key=lambda item: -item[1])),
         "report": swebench_report(task_ids, outcomes_0),
         "suspicious": [

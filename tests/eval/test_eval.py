@@ -48,8 +48,12 @@ def test_gold_predictions_resolve_every_example_task_and_a_rerun_resumes(orchard
         assert {r.id: r.created_at for r in db.exec(select(ResultRecord))} == first
 
 
-def test_scripted_model_resolves_everything_under_every_harness_and_noop_nothing(orchard_home, base_image, mirror):
-    """Slow: 90 episodes: every example task under three harnesses, by a perfect and a do-nothing agent, each graded in a fresh sandbox."""
+def test_scripted_model_resolves_everything_under_every_harness_and_noop_nothing(
+    orchard_home, base_image, mirror, tmp_path
+):
+    """Then `orchard runs compare` of the two runs.
+
+    Slow: 90 episodes: every example task under three harnesses, by a perfect and a do-nothing agent, each graded in a fresh sandbox."""
     result = eval_(
         "--model", "scripted:gold", "--harness", "bash,tools,cli", "--repos", str(mirror), "--concurrency", "2"
     )
@@ -66,6 +70,23 @@ def test_scripted_model_resolves_everything_under_every_harness_and_noop_nothing
         assert all(t.outcome == "empty_patch" and not t.resolved for t in noop)
         messages = json.loads(scripted[0].messages)
         assert [m["role"] for m in messages[:2]] == ["system", "user"] and messages[2]["role"] == "assistant"
+        runs = {run.name.split()[-1]: run.id for run in db.exec(select(RunRecord))}
+
+    # the two runs side by side: rates with intervals, every task flipped, each task's outcome in each
+    compared = runner.invoke(app, ["runs", "compare", runs["noop"], runs["scripted:gold"], "--out", str(tmp_path)])
+    assert compared.exit_code == 0 and compared.stdout == f"report: {tmp_path / 'compare.md'}\n", compared.output
+    text = (tmp_path / "compare.md").read_text()
+    assert (tmp_path / "compare.png").stat().st_size > 0
+    assert f"| {runs['noop']} | bash | 0/{total} | 0.0% (0.0%-" in text
+    assert f"| {runs['scripted:gold']} | bash | {total}/{total} | 100.0% (" in text
+    assert f"* {runs['scripted:gold']} bash against {runs['noop']} bash: +100.0% (" in text
+    assert "less often: none" in text and text.count("| orchard-examples__textkit-1 | empty_patch |") == 1
+    for argv, error in (
+        ([runs["noop"]], "name two or more different runs to compare"),
+        ([runs["noop"], "eval-nope"], "no run 'eval-nope'"),
+    ):
+        refused = runner.invoke(app, ["runs", "compare", *argv])
+        assert refused.exit_code == 1 and refused.stderr.startswith(f"error: {error}"), refused.output
 
 
 def test_user_mistakes_are_one_line(orchard_home, mirror):

@@ -44,11 +44,11 @@ def test_the_report_times_each_image_and_names_the_rows_on_another_python(tmp_pa
     build = {"base": 0.1, "interpreter": 3.0, "dependencies": 25.4, "repository": 18.0, "total": 46.5}
     images = {
         "django__django-11049": {
-            "seconds": 47.0, "image": "orchard/swe:d", "build": build,
+            "seconds": 47.0, "image": "orchard/swe:d", "build": build, "built": True,
             "python": {"asked": "3.6", "ran": "3.9.2", "other": True},
         },
         "pallets__flask-5063": {  # built by an earlier run: found at once
-            "seconds": 0.1, "image": "orchard/swe:f", "build": {**build, "total": 30.0},
+            "seconds": 0.1, "image": "orchard/swe:f", "build": {**build, "total": 30.0}, "built": False,
             "python": {"asked": "3.11", "ran": "3.11.2", "other": False},
         },
     }  # fmt: skip

@@ -652,6 +652,7 @@ def test_a_model_server_killed_mid_run_is_a_machine_error_said_everywhere(orchar
     assert (shown.graded, shown.machine_errors) == (1, 1)
     report = (orchard_home / "runs" / run.id / "report.md").read_text()
     assert "| bash | 0/1 | 0.0% |" in report and "* 1 attempt: the model server failed" in report
+    assert f"| {TEXTKIT_1} | empty_patch |\n| {TEXTKIT_2} | error |" in report  # the per-task table
 
 
 def test_a_model_server_that_goes_away_stops_the_run_with_one_line(orchard_home, base_image, example_repos):

@@ -442,6 +442,7 @@ def _record_build(tag: str, seconds: dict[str, float], say: Log) -> None:
     """Keep how long the parts of `tag`'s build took (`build_seconds` reads it back)."""
     figures = {part: round(value, 1) for part, value in seconds.items()}
     figures["total"] = round(sum(seconds.values()), 1)
+    figures["at"] = round(time.time(), 3)
     path = _build_file(tag)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(figures) + "\n")
@@ -449,17 +450,17 @@ def _record_build(tag: str, seconds: dict[str, float], say: Log) -> None:
 
 
 def build_seconds(tag: str) -> dict[str, float] | None:
-    """How long the parts of `tag`'s build took (`BUILD_PARTS` and `total`), where this machine
-    built it; None for an image built elsewhere, or before builds were timed."""
+    """How long the parts of `tag`'s build took (`BUILD_PARTS` and `total`) and when it ended
+    (`at`, epoch seconds), where this machine built it; None for an image built elsewhere, or
+    before builds were timed."""
     try:
         figures = json.loads(_build_file(tag).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(figures, dict) or not all(
-        isinstance(figures.get(p), int | float) for p in (*BUILD_PARTS, "total")
-    ):
+    keys = (*BUILD_PARTS, "total", "at")
+    if not isinstance(figures, dict) or not all(isinstance(figures.get(key), int | float) for key in keys):
         return None
-    return {part: float(figures[part]) for part in (*BUILD_PARTS, "total")}
+    return {key: float(figures[key]) for key in keys}
 
 
 def describe_build(figures: dict[str, float]) -> str:
