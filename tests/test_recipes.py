@@ -66,7 +66,9 @@ def test_a_recipe_trains_its_own_tasks_and_tasks_of_your_own_kind():
         check_kinds("swe", {"swe", "miniwob", "claw"}, "t")
 
 
-def test_train_refuses_a_config_of_another_recipe_in_one_line(orchard_home):
+def test_train_refuses_a_config_of_another_recipe_in_one_line(orchard_home, tmp_path, monkeypatch):
+    monkeypatch.setenv("ORCHARD_CACHE_DIR", str(tmp_path))  # the config's `repos:` folder, made or not on this machine
+    (tmp_path / "example-repos").mkdir()
     config = ROOT / "examples/configs/swe-tiny.yaml"
     result = runner.invoke(app, ["train", "claw", "--config", str(config)])
     assert result.exit_code == 1
