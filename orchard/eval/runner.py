@@ -17,6 +17,8 @@ stops a run within seconds, even while attempts wait on a model server: it is re
 interrupted with everything finished so far (`RunInterrupted`), and the attempts still running
 get `INTERRUPT_GRACE` seconds, then are abandoned (their sandboxes go with the client). A run
 stopped otherwise (a model server gone) waits for the attempts under way, which are recorded.
+One process at a time runs a given run (`only_run`). Attempts a machine error ended
+(`machine_error`) are no verdicts: the rates leave them out, and a run that has any ends `failed`.
 """
 
 from __future__ import annotations

@@ -76,6 +76,7 @@ from orchard.tasks import repos
 from orchard.tasks.repos import RepoMirror, lock_for
 from orchard.tasks.wheelhouse import (
     NAME,
+    STEP,
     TOOLS,
     MissingWheel,
     Project,
@@ -122,12 +123,12 @@ NETWORK_COMMAND = re.compile(r"(^|[\s;&|(])(apt-get|apt|wget|curl)(\s|$)")
 SWEBENCH_NAMESPACE = "swebench"
 SWEBENCH_WORKDIR = "/testbed"
 GRADING_FIELDS = ("test_cmd", "eval_commands", "parser")
+"""The environment's fields that change how a task is graded, not its image."""
 BUILD_PARTS = ("base", "interpreter", "dependencies", "repository")
 """The parts of a task image's build timed apart: the base image's layers (the base itself is
 built once by `orchard image build-base`), the venv and the edits that make its Python report as
 the one asked for, what SWE-bench's spec installs (resolving and downloading on the host
 included), and the repository (checkout, `pre_install`, `install`)."""
-"""The environment's fields that change how a task is graded, not its image."""
 
 # ---------------------------------------------------------------------------------------------
 # which base image, which Python
@@ -841,7 +842,7 @@ def _name(requirement: str) -> str | None:
 
 def _failed_step(output: str, steps: dict[str, str]) -> str:
     """` at <step>`: the install step of the last instruction the build output names, if any."""
-    started = re.findall(r"^Step \d+/\d+ : (.*)$", plain(output), re.M)
+    started = STEP.findall(plain(output))
     step = steps.get(started[-1].strip()) if started else None
     return f" at {step} (`{started[-1].strip().removeprefix('RUN ')[:160]}`)" if step else ""
 
