@@ -61,6 +61,7 @@ class RunsScreen(Screen):
         yield Header()
         yield Label("", id="filters")
         yield DataTable(id="runs", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="hint")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -80,6 +81,14 @@ class RunsScreen(Screen):
             table.add_row(run.id, run.kind, run.status, _when(run.started_at), progress, run.headline, key=run.id)
         if table.row_count:
             table.move_cursor(row=min(selected, table.row_count - 1))
+        hint = self.query_one("#hint", Static)
+        hint.display = not table.row_count
+        hint.update(
+            "no runs match these filters: k and t change them"
+            if kind or status
+            else "no runs yet: `orchard eval --tasks examples/tasks/tasks.jsonl --model scripted:gold` makes one, "
+            "and `orchard train swe` a run of each stage"
+        )
 
     def action_kind(self) -> None:
         self.kind_index = (self.kind_index + 1) % len(KINDS)
@@ -202,7 +211,8 @@ class TrajectoryScreen(Screen):
         if values:
             about.append("value after each step: " + " ".join(f"{v:.2f}" for v in values))
         self.query_one("#about", Static).update(Text("\n".join(about)))
-        self.query_one("#values", Sparkline).data = values or [0.0]
+        chart = self.query_one("#values", Sparkline)
+        chart.data, chart.display = values or [0.0], bool(values)  # no chart without data
         table = self.query_one("#steps", DataTable)
         table.add_columns("#", "credit", "", "action", "observation")
         for s in t.steps:

@@ -255,3 +255,39 @@ async def test_a_browser_trajectory_shows_each_steps_screenshot_as_a_picture(tmp
         await pilot.pause()
         second = str(app.screen.query_one("#screenshot", Static).render())
         assert "screenshot after step 1" in second and path not in second
+
+
+async def test_an_empty_home_says_how_to_make_a_run_and_a_filter_that_hides_all_says_so(tmp_path, filled_store):
+    empty = OrchardApp(Store.open(f"sqlite:///{tmp_path / 'empty.db'}"), refresh_seconds=3600, now=lambda: NOW)
+    async with empty.run_test(size=(80, 24)):
+        hint = empty.screen.query_one("#hint", Static)
+        assert hint.display and "no runs yet: `orchard eval --tasks" in str(hint.render())
+    app = app_for(filled_store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert not app.screen.query_one("#hint", Static).display  # runs to show: no hint
+        await pilot.press("k", "k")  # kind: collect, of which the store has none
+        hint = app.screen.query_one("#hint", Static)
+        assert hint.display and str(hint.render()) == "no runs match these filters: k and t change them"
+
+
+async def test_a_trajectory_without_values_draws_no_chart(filled_store):
+    from orchard.store import TrajectoryRecord, session
+
+    store = Store.open(filled_store)
+    with session(store) as db:
+        db.add(
+            TrajectoryRecord(
+                id="traj-bare", run_id="eval-1", instance_id="orchard-examples__textkit-2", harness="bash",
+                model="noop", status="completed", messages="[]", patch="", outcome="empty_patch", resolved=False,
+                steps=0, created_at=NOW,
+            )
+        )  # fmt: skip
+        db.commit()
+    app = app_for(filled_store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.push_screen(TrajectoryScreen("traj-1"))
+        await pilot.pause()
+        assert app.screen.query_one("#values").display  # values after each step: charted
+        app.push_screen(TrajectoryScreen("traj-bare"))
+        await pilot.pause()
+        assert not app.screen.query_one("#values").display  # none: no chart of a made-up zero
