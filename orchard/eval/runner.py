@@ -183,8 +183,9 @@ def evaluate(
     with only_run(run_id, store):
         if rerun:
             delete_run(run_id, store=store)
-        run, _resumed = start_run(run_id, kind, name, {**config, **(recorded or {})}, store=store)
         attempts = [Attempt(t, h, s) for t in tasks for h in harnesses for s in range(samples)]
+        kept = {**config, **(recorded or {}), "total_attempts": len(attempts)}  # for a live view's progress
+        run, _resumed = start_run(run_id, kind, name, kept, store=store)
         earlier = {r.id: r for r in results_of(run_id, store=store)}
         retries = {key: int(_details(r).get("retries") or 0) + 1 for key, r in earlier.items() if to_retry(r)}
         pending = [a for a in attempts if a.result_id(run_id) not in earlier or a.result_id(run_id) in retries]

@@ -46,6 +46,8 @@ class RunRow:
     """Graded attempts recorded (0 for a run that grades nothing)."""
     last_step: int | None
     """The latest step a metric was recorded at, if any."""
+    total: int | None = None
+    """The attempts an evaluation makes in all, where it says."""
 
 
 @dataclass(frozen=True)
@@ -182,9 +184,26 @@ def runs(*, kind: str | None = None, status: str | None = None, store: Store | N
         last = select(MetricRecord.run_id, func.max(MetricRecord.step)).group_by(MetricRecord.run_id)
         steps = dict(db.exec(last).all())
     return [
-        RunRow(run.id, run.kind, run.status, run.started_at, headline(run), graded.get(run.id, 0), steps.get(run.id))
+        RunRow(
+            run.id,
+            run.kind,
+            run.status,
+            run.started_at,
+            headline(run),
+            graded.get(run.id, 0),
+            steps.get(run.id),
+            _total(run.config),
+        )
         for run in found
     ]
+
+
+def _total(config: str | None) -> int | None:
+    try:
+        total = json.loads(config or "{}").get("total_attempts")
+    except (ValueError, AttributeError):
+        return None
+    return total if isinstance(total, int) and total > 0 else None
 
 
 def run_view(run_id: str, *, store: Store | None = None) -> RunView | None:

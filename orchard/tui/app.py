@@ -32,6 +32,22 @@ KINDS = [None, "eval", "collect", "credit", "sft", "rl", "value"]
 STATUSES = [None, "running", "finished", "failed", "interrupted"]
 
 
+def _progress(run: views.RunRow, now: float) -> str:
+    """`3/10 graded, ETA 2m` for a running evaluation (the ETA from its pace so far), `10/10
+    graded` once it ended, `step 5` for a training stage."""
+    if run.total:
+        done = f"{run.graded}/{run.total} graded"
+        if run.status != "running" or not run.graded or run.graded >= run.total:
+            return done
+        left = (now - run.started_at) / run.graded * (run.total - run.graded)
+        return f"{done}, ETA {_span(left)}"
+    return f"{run.graded} graded" if run.graded else f"step {run.last_step}" if run.last_step else ""
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds:.0f}s" if seconds < 90 else f"{seconds / 60:.0f}m" if seconds < 5400 else f"{seconds / 3600:.1f}h"
+
+
 def _when(at: float | None) -> str:
     return time.strftime("%m-%d %H:%M", time.localtime(at)) if at else "-"
 
@@ -77,7 +93,7 @@ class RunsScreen(Screen):
         selected = table.cursor_row
         table.clear()
         for run in views.runs(kind=kind, status=status, store=self.app.store):  # type: ignore[attr-defined]
-            progress = f"{run.graded} graded" if run.graded else f"step {run.last_step}" if run.last_step else ""
+            progress = _progress(run, self.app.now())  # type: ignore[attr-defined]
             table.add_row(run.id, run.kind, run.status, _when(run.started_at), progress, run.headline, key=run.id)
         if table.row_count:
             table.move_cursor(row=min(selected, table.row_count - 1))

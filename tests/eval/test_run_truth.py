@@ -641,6 +641,7 @@ def test_a_model_server_killed_mid_run_is_a_machine_error_said_everywhere(orchar
     assert re.search(r"│ bash +│ +0/1 │ +0\.0% │ +1 │", result.stdout), result.stdout  # machine errors beside
     (run,), results = recorded()
     assert run.status == "failed" and run.error == "1 of 2 attempts ended by machine errors: the model server failed"
+    assert json.loads(run.config)["total_attempts"] == 2  # what a live view's progress counts to
     assert {r.outcome for r in results.values()} == {"empty_patch", "error"}
     summary = json.loads(run.summary)
     row = summary["harnesses"]["bash"]

@@ -291,3 +291,14 @@ async def test_a_trajectory_without_values_draws_no_chart(filled_store):
         app.push_screen(TrajectoryScreen("traj-bare"))
         await pilot.pause()
         assert not app.screen.query_one("#values").display  # none: no chart of a made-up zero
+
+
+def test_a_running_evaluation_shows_its_total_and_an_eta():
+    from orchard.store.views import RunRow
+    from orchard.tui.app import _progress
+
+    running = RunRow("eval-x", "eval", "running", NOW - 60, "", 3, None, total=10)
+    assert _progress(running, NOW) == "3/10 graded, ETA 2m"  # 20 s an attempt, 7 left
+    assert _progress(RunRow("eval-x", "eval", "running", NOW - 5, "", 0, None, total=10), NOW) == "0/10 graded"
+    assert _progress(RunRow("eval-x", "eval", "finished", NOW - 60, "", 10, None, total=10), NOW) == "10/10 graded"
+    assert _progress(RunRow("swe-sft", "sft", "running", NOW - 60, "", 0, 5), NOW) == "step 5"
