@@ -139,6 +139,8 @@ class StepView:
     """Whether the step is in a rise segment: its credit is at least the run's epsilon."""
     screenshot: str | None = None
     """The file of the screenshot the step left (browser tasks), None when it left none."""
+    reply: str = ""
+    """The model's whole reply (its text; its tool calls are `actions`)."""
 
 
 @dataclass(frozen=True)
@@ -353,6 +355,7 @@ def trajectory_view(trajectory_id: str, *, default_epsilon: float, store: Store 
                 s.credit,
                 s.credit is not None and s.credit >= epsilon,
                 shots.get(s.index),
+                s.reply,
             )
             for s in steps
         ],

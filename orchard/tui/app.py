@@ -193,14 +193,58 @@ class RunScreen(Screen):
         self.app.push_screen(TrajectoryScreen(str(event.row_key.value)))
 
 
-class TrajectoryScreen(Screen):
+class StepScreen(Screen):
+    """One step in full, scrollable: the model's reply, each tool call with its arguments, and
+    what came back."""
+
     BINDINGS: ClassVar = [Binding("escape", "app.pop_screen", "Back"), Binding("q", "app.quit", "Quit")]
+
+    def __init__(self, trajectory: views.TrajectoryView, step: views.StepView) -> None:
+        super().__init__()
+        self.trajectory, self.step = trajectory, step
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with VerticalScroll():
+            yield Static(self._text(), id="step")
+        yield Footer()
+
+    def _text(self) -> Text:
+        s, t = self.step, self.trajectory
+        text = Text(f"{t.instance_id}  {t.harness}  step {s.index}", style="bold")
+        figures = [
+            f"value {s.value:.2f}" if s.value is not None else "",
+            f"credit {s.credit:+.2f}" if s.credit is not None else "",
+        ]
+        text.append("  " + "  ".join(f for f in figures if f) + ("  rise" if s.rise else "") + "\n\n")
+        text.append("model reply\n", style="bold underline")
+        text.append((s.reply or "(no text)") + "\n\n")
+        if s.format_error:
+            text.append(f"format error: {s.format_error}\n\n", style="red")
+        text.append(f"tool calls ({len(s.actions)})\n", style="bold underline")
+        for action in s.actions:
+            arguments = action.get("arguments")
+            shown = json.dumps(arguments, indent=2) if not isinstance(arguments, str) else arguments
+            text.append(f"{action.get('name')}\n", style="cyan")
+            text.append(shown + "\n")
+        text.append("\nobservation\n", style="bold underline")
+        text.append(s.observation or "(nothing)")
+        return text
+
+
+class TrajectoryScreen(Screen):
+    BINDINGS: ClassVar = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("enter", "open_step", "Step in full"),
+        Binding("q", "app.quit", "Quit"),
+    ]
 
     def __init__(self, trajectory_id: str) -> None:
         super().__init__()
         self.trajectory_id = trajectory_id
         self.shots: dict[int, str] = {}
         """The screenshot file each step left (browser tasks)."""
+        self.view: views.TrajectoryView | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -229,8 +273,10 @@ class TrajectoryScreen(Screen):
         self.query_one("#about", Static).update(Text("\n".join(about)))
         chart = self.query_one("#values", Sparkline)
         chart.data, chart.display = values or [0.0], bool(values)  # no chart without data
+        self.view = t
         table = self.query_one("#steps", DataTable)
         table.add_columns("#", "credit", "", "action", "observation")
+        cell = max(40, ((self.size.width or 80) - 24) // 2)  # the rest of the screen, half each
         for s in t.steps:
             action = (s.format_error and f"format error: {s.format_error}") or "; ".join(
                 _action_text(a) for a in s.actions
@@ -240,16 +286,29 @@ class TrajectoryScreen(Screen):
                 str(s.index),
                 credit,
                 "▲" if s.rise else "",
-                Text(_one_line(action, 40)),
-                Text(_one_line(s.observation, 40)),
+                Text(_one_line(action, cell)),
+                Text(_one_line(s.observation, cell)),
                 key=str(s.index),
             )
         self.shots = {s.index: s.screenshot for s in t.steps if s.screenshot}
         if self.shots:
             self.show_screenshot(min(self.shots))
         tests = "\n".join(f"  {status:<8} {name}" for name, status in (t.tests or {}).items())
-        patch = t.patch or "(empty patch)"
-        self.query_one("#patch", Static).update(Text(f"final patch:\n{patch}\n\ntests:\n{tests or '  (not graded)'}"))
+        shown = Text("final patch:\n")
+        shown.append_text(_diff(t.patch) if t.patch else Text("(empty patch)"))
+        shown.append(f"\n\ntests:\n{tests or '  (not graded)'}")
+        self.query_one("#patch", Static).update(shown)
+
+    def action_open_step(self) -> None:
+        table = self.query_one("#steps", DataTable)
+        if self.view is not None and table.row_count:
+            index = int(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or 0)
+            step = next((s for s in self.view.steps if s.index == index), None)
+            if step is not None:
+                self.app.push_screen(StepScreen(self.view, step))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_open_step()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if self.shots and event.row_key.value is not None:
@@ -270,6 +329,21 @@ class TrajectoryScreen(Screen):
         picture = Text(f"screenshot after step {shown}: {path}\n")
         picture.append_text(half_blocks(path, width))
         shown_widget.update(picture)
+
+
+def _diff(patch: str) -> Text:
+    """A patch coloured as a diff: added lines green, removed red, hunk heads cyan, file heads bold."""
+    text = Text()
+    for line in patch.splitlines(keepends=True):
+        style = (
+            "bold" if line.startswith(("diff --git", "+++ ", "--- "))
+            else "green" if line.startswith("+")
+            else "red" if line.startswith("-")
+            else "cyan" if line.startswith("@@")
+            else ""
+        )  # fmt: skip
+        text.append(line, style=style)
+    return text
 
 
 def _action_text(action: dict[str, Any]) -> str:

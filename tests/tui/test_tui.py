@@ -302,3 +302,29 @@ def test_a_running_evaluation_shows_its_total_and_an_eta():
     assert _progress(RunRow("eval-x", "eval", "running", NOW - 5, "", 0, None, total=10), NOW) == "0/10 graded"
     assert _progress(RunRow("eval-x", "eval", "finished", NOW - 60, "", 10, None, total=10), NOW) == "10/10 graded"
     assert _progress(RunRow("swe-sft", "sft", "running", NOW - 60, "", 0, 5), NOW) == "step 5"
+
+
+async def test_a_step_opens_in_full_and_a_patch_is_coloured(filled_store):
+    from orchard.tui.app import StepScreen, _diff
+
+    app = app_for(filled_store)
+    async with app.run_test(size=(200, 50)) as pilot:
+        app.push_screen(TrajectoryScreen("traj-1"))
+        await pilot.pause()
+        app.screen.query_one("#steps", DataTable).focus()
+        await pilot.press("down", "enter")  # the second step, in full
+        assert isinstance(app.screen, StepScreen) and app.screen.step.index == 1
+        shown = str(app.screen.query_one("#step", Static).render())
+        step = app.screen.step
+        assert "model reply" in shown and step.reply.strip().splitlines()[0] in shown
+        assert f"tool calls ({len(step.actions)})" in shown and step.observation.strip()[-30:] in shown
+        await pilot.press("escape")
+        assert isinstance(app.screen, TrajectoryScreen)
+    coloured = _diff("diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n")
+    styles = {coloured.plain[span.start : span.end].strip(): str(span.style) for span in coloured.spans}
+    assert (styles["-old"], styles["+new"], styles["@@ -1 +1 @@"], styles["+++ b/x"]) == (
+        "red",
+        "green",
+        "cyan",
+        "bold",
+    )
