@@ -698,3 +698,23 @@ def test_a_site_module_that_defines_no_site_or_two_is_one_clear_error(tmp_path):
     ):
         with pytest.raises(ConfigError, match=says):
             load_site(tmp_path / file)
+
+
+def test_a_task_file_finds_its_sites_beside_it(tmp_path):
+    """A copied GUI task folder (its task file and `sites/`) works wherever it is: a site named in
+    it is looked up in `sites/` beside the task file first, then among the example sites."""
+    import shutil
+
+    from orchard.tasks.loading import load_tasks
+
+    examples = Path(__file__).parents[2] / "examples" / "gui"
+    (tmp_path / "sites").mkdir()
+    shutil.copy(examples / "sites" / "shop.py", tmp_path / "sites" / "myshop.py")
+    rows = json.loads((examples / "tasks.json").read_text())
+    row = next(r for r in rows if r["site"] == "shop")
+    (tmp_path / "tasks.json").write_text(json.dumps([{**row, "site": "myshop"}]))
+    (task,) = load_tasks(tmp_path / "tasks.json")
+    assert Path(task.site) == (tmp_path / "sites" / "myshop.py").resolve()
+    (tmp_path / "tasks.json").write_text(json.dumps([{**row, "site": "nosuchsite"}]))
+    with pytest.raises(ConfigError, match="no site 'nosuchsite'"):
+        load_tasks(tmp_path / "tasks.json")

@@ -389,9 +389,12 @@ _TOKENS: dict[str, str] = {}
 
 
 def _find_site(value: str, folder: Path | None) -> Path:
-    named = _sites_folder() / f"{value}.py"
-    if "/" not in value and not value.endswith(".py") and named.is_file():
-        return named
+    """A site named by `value`: a module of `sites/` beside the task file (`folder`), then of the
+    example sites; else a path, relative to the task file."""
+    if "/" not in value and not value.endswith(".py"):
+        for sites in ([folder / "sites"] if folder is not None else []) + [_sites_folder()]:
+            if (sites / f"{value}.py").is_file():
+                return (sites / f"{value}.py").resolve()
     path = Path(value)
     if not path.is_absolute() and folder is not None:
         path = folder / path
