@@ -17,6 +17,7 @@ from orchard.clikit import command, group
 from orchard.errors import OrchardError
 from orchard.recipes import merged
 from orchard.registry import names
+from orchard.store.cli import runs_app
 
 app = group("Evaluation and collection.")
 
@@ -236,3 +237,20 @@ def _show(config: EvalConfig | CollectRunConfig, kind: str) -> None:
         for line in machine_error_lines(causes):
             typer.echo(line, err=True)
         raise typer.Exit(1)
+
+
+@command(runs_app, "compare")
+def runs_compare(
+    run_ids: Annotated[list[str], typer.Argument(metavar="RUN_ID", help="Two or more eval (or collect) runs.")],
+    out: Annotated[
+        Path | None,
+        typer.Option(metavar="DIR", help="Folder for compare.md and compare.png (default: under the runs)."),
+    ] = None,
+) -> None:
+    """Compare evaluations: rates with 95% intervals, the tasks that flipped, each task's outcome
+    in every run; a Markdown report with a picture."""
+    from orchard.eval.compare import compare_runs
+
+    if out is not None and out.exists() and not out.is_dir():
+        raise OrchardError(f"--out {out} is a file: name a folder")
+    typer.echo(f"report: {compare_runs(run_ids, out)}")

@@ -1,4 +1,4 @@
-"""The store's commands: `orchard runs ls|show|rm|compare`.
+"""The store's commands: `orchard runs ls|show|rm` (`compare` is the evaluations', `orchard.eval.cli`).
 
 SQLAlchemy is imported inside the commands, so `orchard --help` stays fast.
 """
@@ -6,7 +6,6 @@ SQLAlchemy is imported inside the commands, so `orchard --help` stays fast.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
@@ -62,20 +61,3 @@ def runs_rm(run_ids: Annotated[list[str], typer.Argument(metavar="RUN_ID", help=
             typer.echo(f"deleted {run_id}")
     if unknown:
         raise OrchardError(f"no run {', '.join(map(repr, unknown))}")
-
-
-@command(runs_app, "compare")
-def runs_compare(
-    run_ids: Annotated[list[str], typer.Argument(metavar="RUN_ID", help="Two or more eval (or collect) runs.")],
-    out: Annotated[
-        Path | None,
-        typer.Option(metavar="DIR", help="Folder for compare.md and compare.png (default: under the runs)."),
-    ] = None,
-) -> None:
-    """Compare evaluations: rates with 95% intervals, the tasks that flipped, each task's outcome
-    in every run; a Markdown report with a picture."""
-    from orchard.eval.compare import compare_runs
-
-    if out is not None and out.exists() and not out.is_dir():
-        raise OrchardError(f"--out {out} is a file: name a folder")
-    typer.echo(f"report: {compare_runs(run_ids, out)}")

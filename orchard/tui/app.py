@@ -103,7 +103,7 @@ class RunsScreen(Screen):
             "no runs match these filters: k and t change them"
             if kind or status
             else "no runs yet: `orchard eval --tasks examples/tasks/tasks.jsonl --model scripted:gold` makes one, "
-            "and `orchard train swe` a run of each stage"
+            "and `orchard train RECIPE` a run of each stage"
         )
 
     def action_kind(self) -> None:

@@ -74,7 +74,8 @@ def test_without_a_judge_an_open_task_is_an_error_saying_what_to_set(orchard_hom
             "gui-open-wiki-on-call",
         ],
     )
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # no verdict on the model: said as it happens, and the run failed
+    assert f"machine error: gui-open-wiki-on-call bid/0: {JUDGE_ENV} names no judge model" in result.stderr
     with session() as db:
         (grade,) = [json.loads(r.grade) for r in db.exec(select(ResultRecord))]
     assert grade["outcome"] == "error" and grade["error"] == f"{JUDGE_ENV} names no judge model for this open task"
