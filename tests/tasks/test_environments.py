@@ -513,6 +513,70 @@ def test_source_distributions_are_found_without_pip(index: Path, tmp_path: Path,
     assert found is not None and found.url == (index / "orchard_envdemo_pure-1.0.tar.gz").as_uri()
 
 
+def test_resolution_as_of_a_date_takes_what_was_uploaded_before_it(index: Path, tmp_path: Path, monkeypatch) -> None:
+    """A PEP 691 JSON index on loopback that says when each file was uploaded: as of a date, the
+    older version is taken, even with a pip.conf naming a folder that holds the newer one with no
+    date (configuration files are left out of dated resolutions). Both versions are then fetched
+    in one call, as a wheelhouse holding an early step's version and its replacement does."""
+    import http.server
+    import threading
+
+    names = {"1.0": "2024-05-01T00:00:00Z", "2.0": "2025-06-01T00:00:00Z"}
+    files = {
+        f"/files/orchard_envdemo_pin-{v}-py3-none-any.whl": (
+            index / f"orchard_envdemo_pin-{v}-py3-none-any.whl"
+        ).read_bytes()
+        for v in names
+    }
+    page = {
+        "meta": {"api-version": "1.1"},
+        "name": "orchard-envdemo-pin",
+        "versions": list(names),
+        "files": [
+            {"filename": path.rpartition("/")[2], "url": f"../..{path}", "upload-time": names[path.split("-")[1]],
+             "hashes": {"sha256": hashlib.sha256(body).hexdigest()}}
+            for path, body in files.items()
+        ],
+    }  # fmt: skip
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps(page).encode() if self.path == "/simple/orchard-envdemo-pin/" else files.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        newest_only = tmp_path / "links"
+        newest_only.mkdir()
+        (newest_only / "orchard_envdemo_pin-2.0-py3-none-any.whl").write_bytes(
+            files["/files/orchard_envdemo_pin-2.0-py3-none-any.whl"]
+        )
+        (tmp_path / "pip.conf").write_text(f"[global]\nfind-links = {newest_only}\n")
+        monkeypatch.setenv("PIP_CONFIG_FILE", str(tmp_path / "pip.conf"))
+        monkeypatch.delenv("PIP_NO_INDEX", raising=False)
+        monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_address[1]}/simple")
+        monkeypatch.setenv("ORCHARD_CACHE_DIR", str(tmp_path / "cache"))
+        dated = Target("3.11.2", "2.36", before="2025-01-01T00:00:00Z")
+        (old,) = resolve(["orchard-envdemo-pin"], dated, what="test")
+        (new,) = resolve(["orchard-envdemo-pin"], BOOKWORM, what="test")
+        assert (old.version, new.version) == ("1.0", "2.0")
+        wheelhouse.fetch([old, new], tmp_path / "house", dated)
+        assert sorted(p.name for p in (tmp_path / "house").iterdir()) == [
+            "orchard_envdemo_pin-1.0-py3-none-any.whl",
+            "orchard_envdemo_pin-2.0-py3-none-any.whl",
+        ]
+    finally:
+        server.shutdown()
+
+
 def test_pip_not_taking_the_targets_markers_fails_loudly(offline: Path, monkeypatch) -> None:
     monkeypatch.setattr(wheelhouse, "PIP_SHIM", wheelhouse.PIP_SHIM.replace("markers.default_environment = target", ""))
     with pytest.raises(ConfigError, match=r"^pip \S+ no longer takes its marker environment"):
