@@ -169,8 +169,8 @@ class TaskBase(BaseModel):
 
     def image_facts(self, image: str) -> dict[str, Any]:
         """What the run's report says of this task's image: how long its build took (`build`:
-        seconds by part, where this machine built it) and what it is not as the task asked
-        (`warnings`); {} where a kind says nothing."""
+        seconds by part, where this machine built it) and the Python asked for and run on
+        (`python`); {} where a kind says nothing (its grades carry the image's warnings)."""
         return {}
 
     def attempt_report(self, grade: Grade, submission: str, details: dict[str, Any]) -> dict[str, Any]:

@@ -203,19 +203,15 @@ class SWETask(TaskBase):
         return task_image(self, prepare.mirror(), source=prepare.image_source)
 
     def image_facts(self, image: str) -> dict[str, Any]:
-        from orchard.recipes.swe.environments import LABEL_PREFIX, WARNINGS_LABEL, build_seconds, image_labels
+        from orchard.recipes.swe.environments import LABEL_PREFIX, build_seconds, image_labels
 
         try:
-            labels = image_labels(image)
+            ran = image_labels(image).get(LABEL_PREFIX + "python")
         except OrchardError:
-            labels = {}
-        asked, ran = self.environment().python, labels.get(LABEL_PREFIX + "python")
+            ran = None
+        asked = self.environment().python
         other = bool(asked and ran and ran.split(".")[:2] != asked.split(".")[:2])
-        return {
-            "build": build_seconds(image),
-            "warnings": list(json.loads(labels.get(WARNINGS_LABEL) or "[]")),
-            "python": {"asked": asked, "ran": ran, "other": other},
-        }
+        return {"build": build_seconds(image), "python": {"asked": asked, "ran": ran, "other": other}}
 
     def start(self, box: Sandbox) -> None:
         """The agent's shell starts in the repository, with the `testbed` conda env active in a
