@@ -2,7 +2,7 @@
 
 Each area keeps its commands in its own `cli.py`: the environment (`orchard.env.cli`: up, down,
 status, image, sandbox, bench), evaluation (`orchard.eval.cli`: eval, collect), training
-(`orchard.train.cli`: train, model, demo), the store (`orchard.store.cli`: runs), trajectories
+(`orchard.train.cli`: train, model, demo, examples), the store (`orchard.store.cli`: runs), trajectories
 (`orchard.agents.cli`), the recording proxy (`orchard.proxy.cli`: proxy) and the dashboard (`orchard.tui.cli`: tui). What they share (one error style, plain help) is
 `orchard.clikit`. Heavy libraries (docker, httpx, fastapi, sqlalchemy, torch) are imported inside
 commands, so `orchard --help` stays fast.

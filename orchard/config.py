@@ -70,6 +70,16 @@ def settings() -> Settings:
     )
 
 
+def examples_folder() -> Path:
+    """The example tasks, configs and sites: the copy an installed wheel ships (`orchard/_examples`,
+    setup.py), else the source checkout's `examples/`."""
+    package = Path(__file__).resolve().parent
+    for folder in (package / "_examples", package.parent / "examples"):
+        if (folder / "tasks" / "tasks.jsonl").is_file():
+            return folder
+    raise ConfigError(f"no example files beside {package}: reinstall Orchard (its wheel ships them)")
+
+
 def private_folder(path: Path) -> Path:
     """`path`, made mode 0700, or tightened to it when wider: what Orchard keeps there is the operator's.
 

@@ -174,6 +174,27 @@ def test_model_tiny_builds_offline_and_refuses_a_full_folder(tmp_path):
     )
 
 
+def test_examples_copies_the_example_files_and_refuses_a_full_folder(tmp_path):
+    copied = runner.invoke(app, ["examples", str(tmp_path / "ex")])
+    assert copied.exit_code == 0, copied.output
+    root = Path(__file__).resolve().parents[1] / "examples"
+    for name in (
+        "tasks/tasks.jsonl",
+        "gui/sites/shop.py",
+        "configs/swe-tiny.yaml",
+        "tasks/projects/textkit/.gitignore",
+    ):
+        assert (tmp_path / "ex" / name).read_bytes() == (root / name).read_bytes(), name
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    again = runner.invoke(app, ["examples", str(tmp_path / "mine")])
+    assert (
+        again.exit_code == 1
+        and again.stderr == f"error: {tmp_path / 'mine'} exists and is not empty: name a new folder\n"
+    )
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+
+
 def _closed_port() -> int:
     """A loopback port nothing listens on (bound once to find it free, then closed)."""
     import socket

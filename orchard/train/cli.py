@@ -1,4 +1,5 @@
-"""The training commands: `orchard train RECIPE|value`, `orchard model tiny|smollm2|llama-server`, and `orchard demo`.
+"""The training commands: `orchard train RECIPE|value`, `orchard model tiny|smollm2|llama-server`, `orchard demo`
+and `orchard examples` (the example files, for an install outside a checkout).
 
 torch, transformers and TRL are imported inside the commands, so `orchard --help` stays fast.
 """
@@ -12,7 +13,7 @@ from typing import Annotated
 import typer
 
 from orchard.clikit import command, group
-from orchard.config import settings
+from orchard.config import examples_folder, settings
 from orchard.errors import OrchardError
 from orchard.recipes import RECIPES, recipe, recipes
 
@@ -126,6 +127,26 @@ def model_llama_server() -> None:
     typer.echo(f"llama.cpp: {build(log=lambda line: typer.echo(line, err=True))}")
 
 
+@command(app, "examples")
+def examples(
+    folder: Annotated[Path, typer.Argument(help="A new or empty folder.")] = Path("examples"),
+) -> None:
+    """Copy the example tasks, configs and sites into FOLDER: the README's commands then run outside a checkout."""
+    import shutil
+
+    try:
+        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+            raise OrchardError(f"{folder} exists and is not empty: name a new folder")
+        shutil.copytree(
+            examples_folder(), folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
+    except OSError as exc:
+        raise OrchardError(f"cannot copy the examples to {folder}: {exc.strerror or exc}") from None
+    typer.echo(
+        f"copied the examples to {folder}/; try `orchard eval --tasks {folder}/gui/tasks.json --model scripted:solution`"
+    )
+
+
 @command(app, "demo")
 def demo(
     name: Annotated[
@@ -161,10 +182,8 @@ def demo(
     about = recipe(name)
     example = about.example
     assert example is not None  # runnable
-    examples = Path(__file__).resolve().parents[2] / "examples"
+    examples = examples_folder()
     task_file = examples / example.tasks
-    if not task_file.is_file():
-        raise OrchardError(f"the demo needs a source checkout's examples/ folder, not found at {examples}")
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)

@@ -43,10 +43,10 @@ CHAT_TEMPLATE = (
 def default_corpus() -> list[str]:
     """Text to learn a vocabulary from: the example tasks and the harnesses' prompts."""
     from orchard.agents import bash, coding_cli, tools
+    from orchard.config import examples_folder
 
-    root = Path(__file__).resolve().parents[2]
     texts = [bash.SYSTEM, tools.SYSTEM, coding_cli.SYSTEM, json.dumps(tools.TOOLS), json.dumps(coding_cli.TOOLS)]
-    for path in sorted((root / "examples" / "tasks").rglob("*")):
+    for path in sorted((examples_folder() / "tasks").rglob("*")):
         if path.suffix in (".py", ".md", ".jsonl", ".toml") and path.is_file():
             texts.append(path.read_text(encoding="utf-8", errors="replace"))
     return texts

@@ -170,7 +170,9 @@ class BrowserTask(TaskBase):
 
 
 def _sites_folder() -> Path:
-    return Path(__file__).resolve().parents[3] / "examples" / "gui" / "sites"
+    from orchard.config import examples_folder
+
+    return examples_folder() / "gui" / "sites"
 
 
 class GuiTask(BrowserTask):
