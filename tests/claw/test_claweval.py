@@ -8,7 +8,10 @@ OpenAI-compatible server on loopback."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from sqlmodel import select
 from typer.testing import CliRunner
 
@@ -145,6 +149,80 @@ def test_the_sandbox_holds_the_services_and_the_tasks_files_but_not_its_grader(c
         assert submission["env_snapshot"]["file:dedupe-rules.md"]["content"].startswith("# What counts")
         assert box.exec("test -e /workspace/grading").exit_code == 1  # the grader's files were taken out again
         assert list(submission["audit"]) == ["todo"] and submission["audit"]["todo"]["deleted"] == []
+
+
+def test_a_task_naming_another_tasks_files_loads_and_grades_as_that_task(client, image, tmp_path, caplog):
+    """Claw-Eval's T087 names T021's fixtures (in `sandbox_files` and in a service's `env`, from the
+    root), and several tasks name files that are not there: Claw-Eval looks in the task's folder,
+    then the root, and leaves out what is in neither. N04 here is N03 without fixtures of its own: it
+    names N03's, and a video nowhere. N03's gold script scores it as N03 (1.0), and nothing of N03
+    but the files named reaches the sandbox; a changed fixture of N03 changes N04's digest."""
+    root = copy_of_data(tmp_path)
+    n03, n04 = root / "tasks" / "N03_todo_dedupe", root / "tasks" / "N04_shared_fixtures"
+    shutil.copytree(n03, n04, ignore=shutil.ignore_patterns("fixtures", "dedupe-rules.md", "__pycache__"))
+    rules = "tasks/N03_todo_dedupe/dedupe-rules.md"
+    text = (n03 / "task.yaml").read_text().replace("task_id: N03_todo_dedupe", "task_id: N04_shared_fixtures")
+    text = text.replace("sandbox_files: [dedupe-rules.md]", f"sandbox_files: [{rules}, fixtures/video.mp4]")
+    (n04 / "task.yaml").write_text(text.replace('env_snapshot_files: ["*.md"]', f'env_snapshot_files: ["{rules}"]'))
+    assert "TODO_FIXTURES: tasks/N03_todo_dedupe/fixtures/todo/tasks.json" in text  # the service's, N03's
+    (n04 / "grader.py").write_text((n03 / "grader.py").read_text().replace('"file:dedupe-rules.md"', f'"file:{rules}"'))
+    with caplog.at_level(logging.WARNING, logger="orchard.recipes.claw"):
+        task = tasks(root)["N04_shared_fixtures"]
+    assert "sandbox file fixtures/video.mp4 is in neither the task's folder nor" in caplog.text
+    with client.create(image) as box:
+        task.start(box)
+        listed = box.exec(f"cd {HOME} && find tasks -type f | sort").stdout.split()
+        assert listed == ["tasks/N03_todo_dedupe/fixtures/todo/tasks.json", "tasks/N04_shared_fixtures/task.yaml"]
+        assert box.read_file(f"/workspace/{rules}") == (n03 / "dedupe-rules.md").read_bytes()
+        assert [t["id"] for t in box.http("/todo/tasks", port=9102, json={}).json()["tasks"]][:2] == ["t-1", "t-2"]
+    gold = json.loads((SCRIPTS / "gold.json").read_text())["N03_todo_dedupe"]
+    _, grade = attempt(task, "functions", script(tmp_path, {task.instance_id: gold}), client, image)
+    assert grade.resolved and grade.score == 1.0, grade
+    fixture = n03 / "fixtures" / "todo" / "tasks.json"
+    fixture.write_text(fixture.read_text() + "\n")
+    assert tasks(root)["N04_shared_fixtures"].digest != task.digest
+
+
+def test_six_services_start_on_a_loaded_machine(client, image, tmp_path):
+    """Claw-Eval starts a task's services one by one, each with its `ready_timeout` (5 s here). Six
+    that each spend 1.5 s of CPU before they listen (about 2 s with their imports), started at once
+    while every core is busy, take longer than 5 s together: they have the sum of their timeouts
+    (Orchard starts them at once), and all answer."""
+    root = copy_of_data(tmp_path)
+    folder = root / "tasks" / "N05_six_services"
+    folder.mkdir()
+    kinds = [("notes", "/notes/list"), ("todo", "/todo/tasks")] * 3
+    services = [
+        {
+            "name": f"{kind}-{port}",
+            "command": f"python mock_services/{kind}/server.py",
+            "port": port,
+            "health_check": f"http://localhost:{port}{path}",
+            "health_check_method": "POST",
+            "ready_timeout": 5,
+            "env": {"STARTUP_CPU": "1.5"},
+        }
+        for port, (kind, path) in enumerate(kinds, start=9201)
+    ]
+    definition = {
+        "task_id": "N05_six_services",
+        "task_name": "Six services",
+        "prompt": {"text": "Look around."},
+        "services": services,
+    }
+    (folder / "task.yaml").write_text(yaml.safe_dump(definition))
+    (folder / "grader.py").write_text((root / "tasks" / "N03_todo_dedupe" / "grader.py").read_text())
+    task = tasks(root)["N05_six_services"]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        with client.create(image) as box:
+            task.start(box)
+            for port, (_, path) in enumerate(kinds, start=9201):
+                assert box.http(path, port=port, json={}, headers={"X-Health-Check": "1"}).status == 200
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
 
 
 @pytest.mark.parametrize("harness", [*HARNESSES, "react"])

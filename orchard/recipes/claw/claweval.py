@@ -11,10 +11,13 @@ Orchard supports of it.
 * **Sandbox.** The image is the base image with FastAPI, uvicorn, pydantic, httpx and PyYAML in a
   venv (`build_image`, built offline once, `orchard image build claw-eval`). `start` copies the
   root's `mock_services/` and the task's folder (as `tasks/<id>/`, without `grader.py` and the
-  grader's hidden files) to `HOME`, the task's `sandbox_files` to the workdir, and starts each
+  grader's hidden files) to `HOME`, with what the services' `env` names of other tasks' folders,
+  the task's `sandbox_files` (or `environment.fixtures`) to the workdir, each looked for in the
+  task's folder and then the root and left out when in neither (Claw-Eval's way), and starts every
   service there with its own `command` (`python` is the sandbox's), its `env` and `PORT`, then
-  waits for its health check through the exec agent (`Sandbox.http`, `X-Health-Check: 1`; any
-  status under 500 is up). The sandbox's network stays blocked: the services are on its loopback.
+  waits for their health checks through the exec agent (`Sandbox.http`, `X-Health-Check: 1`; any
+  status under 500 is up), for the sum of their `ready_timeout`s. The sandbox's network stays
+  blocked: the services are on its loopback.
 * **Tools.** The harness offers the task's `tools`, each served at its `tool_endpoints` URL (the
   JSON arguments are the body, as in Claw-Eval). Only endpoints on the sandbox's loopback are
   offered.
@@ -46,6 +49,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import logging
 import os
 import re
 import shlex
@@ -60,7 +64,7 @@ from contextlib import closing, contextmanager
 from datetime import date
 from functools import cached_property
 from itertools import pairwise
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 from urllib.parse import urlsplit
 
@@ -75,6 +79,8 @@ from orchard.tasks.base import Grade, Metric, Prepare, TaskBase
 
 if TYPE_CHECKING:
     from orchard.env.client import Client, Sandbox
+
+log = logging.getLogger("orchard.recipes.claw")
 
 HOME = "/opt/claw-eval"
 """The root as copied into the sandbox: `mock_services/` and `tasks/<id>/`; the services' cwd."""
@@ -207,6 +213,15 @@ def _record(folder: Path) -> dict[str, Any]:
         script = next((w for w in shlex.split(service.command) if w.endswith(".py")), None)
         if script is not None and not (root / script).is_file():
             raise ConfigError(f"{where}: services.{service.name}: {script} is not in the root {root}")
+    for field, names in _file_lists(definition).items():
+        for name in names:
+            if not _relative(name):
+                raise ConfigError(
+                    f"{where}: {field}: {name!r} leaves the task: name files under its folder or the root"
+                )
+    for name in definition.sandbox_files or definition.environment.fixtures:
+        if task_file(folder, root, name) is None:  # Claw-Eval skips it too, and says so
+            log.warning("%s: sandbox file %s is in neither the task's folder nor %s: left out", where, name, root)
     return {
         "instance_id": definition.task_id,
         "kind": "claw-eval",
@@ -214,18 +229,58 @@ def _record(folder: Path) -> dict[str, Any]:
         "root": str(root),
         "folder": str(folder),
         "definition": definition.model_dump(mode="json", exclude={"task_file"}),
-        "digest": _digest(folder, root),
+        "digest": _digest(folder, root, [*_referenced(definition, folder, root).values()]),
     }
 
 
-def _digest(folder: Path, root: Path) -> str:
-    """A hash of what the task runs: its folder, the root's `mock_services/`, and the folders of the
-    peer graders its grader loads; a changed file makes a new run."""
+def _file_lists(definition: Any) -> dict[str, list[str]]:
+    """The task's lists of file names, by field."""
+    return {
+        "sandbox_files": definition.sandbox_files,
+        "environment.fixtures": definition.environment.fixtures,
+        "sandbox_grader_files": definition.sandbox_grader_files,
+        "local_grader_files": definition.local_grader_files,
+    }
+
+
+def _relative(name: str) -> bool:
+    """Whether `name` is a relative path that stays where it is rooted (no `..`)."""
+    path = PurePosixPath(name)
+    return bool(name) and not path.is_absolute() and ".." not in path.parts
+
+
+def task_file(folder: Path, root: Path, name: str) -> Path | None:
+    """The file or folder a task names: under its folder, else under the root (`tasks/<other>/...`:
+    another task's fixtures), as Claw-Eval looks for it; None where neither holds it."""
+    for base in (folder, root):
+        path = (base / name).resolve()
+        if _relative(name) and root.resolve() in path.parents and path.exists():
+            return path
+    return None
+
+
+def _referenced(definition: Any, folder: Path, root: Path) -> dict[str, Path]:
+    """What the services' `env` names outside the task's folder and `mock_services/` (another
+    task's fixtures), by its path from the root: the services run in the root and read it there."""
+    found = {}
+    for service in definition.services:
+        for value in service.env.values():
+            path = (root / value).resolve() if isinstance(value, str) and _relative(value) else None
+            if path is None or not path.exists() or root.resolve() not in path.parents:
+                continue
+            if not any(top.resolve() in (path, *path.parents) for top in (folder, root / "mock_services")):
+                found[value] = path
+    return found
+
+
+def _digest(folder: Path, root: Path, referenced: list[Path]) -> str:
+    """A hash of what the task runs: its folder, the root's `mock_services/`, the folders of the
+    peer graders its grader loads and the other tasks' files it names; a changed file makes a new run."""
     grader = (folder / "grader.py").read_text(encoding="utf-8", errors="replace")
     peers = sorted(set(re.findall(r"load_peer_grader\(\s*[\"']([^\"']+)[\"']", grader)))
     digest = hashlib.sha256()
-    for top in [folder, root / "mock_services", *(folder.parent / peer for peer in peers)]:
-        for path in sorted(top.rglob("*")) if top.is_dir() else []:
+    for top in [folder, root / "mock_services", *(folder.parent / peer for peer in peers), *referenced]:
+        for path in [top] if top.is_file() else sorted(top.rglob("*")) if top.is_dir() else []:
             if path.is_file() and "__pycache__" not in path.parts:
                 digest.update(f"{path.relative_to(root)}\0".encode())
                 digest.update(hashlib.sha256(path.read_bytes()).digest())
@@ -326,22 +381,37 @@ class ClawEvalTask(TaskBase):
     # -- the sandbox ---------------------------------------------------------------------------
 
     def start(self, box: Sandbox) -> None:
-        """The root's services and the task's files in the sandbox, every service answering."""
-        folder, task = Path(self.folder), self.task
+        """The root's services and the task's files in the sandbox, every service answering.
+
+        The files a task names are looked for in its folder, then in the root (another task's
+        fixtures), and one found in neither is left out, as Claw-Eval does. The services all start
+        at once and have, together, the sum of their `ready_timeout`s to answer: what starting them
+        one by one, as Claw-Eval does, gives them, so a loaded machine fails no task that Claw-Eval
+        would start (each waiting only its own timeout while all start raced)."""
+        folder, root, task = Path(self.folder), Path(self.root), self.task
         with tempfile.TemporaryDirectory(prefix="orchard-claw-eval-") as tmp:
             stage = Path(tmp)
             hidden = {"grader.py", *task.sandbox_grader_files, *task.local_grader_files}
-            if (Path(self.root) / "mock_services").is_dir():
-                shutil.copytree(Path(self.root) / "mock_services", stage / "mock_services", ignore=_caches)
+            if (root / "mock_services").is_dir():
+                shutil.copytree(root / "mock_services", stage / "mock_services", ignore=_caches)
             shutil.copytree(folder, stage / "tasks" / folder.name, ignore=_caches_and(folder, hidden))
+            for name, path in _referenced(task, folder, root).items():
+                if path.is_dir():
+                    shutil.copytree(path, stage / name, ignore=_caches_and(path, {"grader.py"}), dirs_exist_ok=True)
+                else:
+                    (stage / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(path, stage / name)
             box.upload(stage, HOME)
         box.exec(f"mkdir -p {HOME}/logs {shlex.quote(self.workdir)}")
-        for name in task.sandbox_files:
-            box.upload(_inside(folder, name), f"{self.workdir}/{name}")
+        for name in task.sandbox_files or task.environment.fixtures:
+            found = task_file(folder, root, name)
+            if found is not None:
+                box.upload(found, f"{self.workdir}/{name}")
         for service in task.services:
             self._launch(box, service)
+        deadline = time.monotonic() + sum(service.ready_timeout for service in task.services)
         for service in task.services:
-            self._wait(box, service)
+            self._wait(box, service, deadline)
         super().start(box)
 
     def _launch(self, box: Sandbox, service: Any) -> None:
@@ -358,13 +428,12 @@ class ClawEvalTask(TaskBase):
                 f"service {service.name} did not start: {(started.stderr or started.error or '')[-300:]}"
             )
 
-    def _wait(self, box: Sandbox, service: Any) -> None:
-        """Until the service's health check answers under 500, or its `ready_timeout` passes."""
+    def _wait(self, box: Sandbox, service: Any, deadline: float) -> None:
+        """Until the service's health check answers under 500, or `deadline` (monotonic) passes."""
         where = _loopback(service.health_check)
         if where is None:
             raise ConfigError(f"service {service.name}: its health check {service.health_check} is not on localhost")
         port, path = where
-        deadline = time.monotonic() + service.ready_timeout
         while True:
             try:
                 answer = box.http(
@@ -377,9 +446,10 @@ class ClawEvalTask(TaskBase):
                 pass  # not listening yet
             if time.monotonic() > deadline:
                 tail = box.exec(f"tail -c 600 {HOME}/logs/{shlex.quote(service.name)}.log", timeout=10).stdout
+                waited = sum(s.ready_timeout for s in self.task.services)
                 raise OrchardError(
-                    f"service {service.name} did not answer {service.health_check} within "
-                    f"{service.ready_timeout} s: {tail.strip()[-600:] or 'no output'}"
+                    f"service {service.name} did not answer {service.health_check} within {waited} s "
+                    f"(the services' ready_timeouts together): {tail.strip()[-600:] or 'no output'}"
                 )
             time.sleep(0.2)
 
@@ -454,9 +524,12 @@ class ClawEvalTask(TaskBase):
         placed: list[str] = []  # what to remove after: the file, or the first folder of its path that was not there
         try:
             for name in task.sandbox_grader_files:
+                path = task_file(folder, Path(self.root), name)
+                if path is None:
+                    continue  # Claw-Eval leaves it out too
                 top = f"{self.workdir}/{Path(name).parts[0]}"
                 placed.append(top if box.exec(["test", "-e", top], timeout=30).exit_code else f"{self.workdir}/{name}")
-                box.upload(_inside(folder, name), f"{self.workdir}/{name}")
+                box.upload(path, f"{self.workdir}/{name}")
             for command in task.env_snapshot_commands:
                 done = box.exec(command, cwd=self.workdir, timeout=task.environment.env_snapshot_timeout)
                 snapshot[f"cmd:{command}"] = {
@@ -465,8 +538,8 @@ class ClawEvalTask(TaskBase):
                     "stderr": done.stderr[-MAX_SNAPSHOT:],
                 }
             for pattern in task.env_snapshot_files:
-                for path in self._matches(box, pattern):
-                    snapshot[f"file:{path}"] = self._file(box, path)
+                for match in self._matches(box, pattern):
+                    snapshot[f"file:{match}"] = self._file(box, match)
         except OrchardError as exc:
             problems.append(f"the env snapshot: {exc}")
         finally:
@@ -537,16 +610,18 @@ class ClawEvalTask(TaskBase):
         return Grade(self.instance_id, outcome, score=score, checks=checks)
 
     def _local_files(self) -> dict[str, Any]:
-        """The task's `local_grader_files`, read on the host: `local_file:<path>` -> base64."""
-        folder = Path(self.folder)
-        return {
-            f"local_file:{name}": {
-                "encoding": "base64",
-                "content": base64.b64encode(_inside(folder, name).read_bytes()).decode(),
-            }
-            for name in self.task.local_grader_files
-            if _inside(folder, name).is_file()
-        }
+        """The task's `local_grader_files`, read on the host from its folder, as Claw-Eval reads them:
+        `local_file:<path>` -> base64, or an error where the file is not there."""
+        folder, found = Path(self.folder), {}
+        for name in self.task.local_grader_files:
+            path = (folder / name).resolve()
+            inside = _relative(name) and Path(self.root).resolve() in path.parents and path.is_file()
+            found[f"local_file:{name}"] = (
+                {"encoding": "base64", "content": base64.b64encode(path.read_bytes()).decode()}
+                if inside
+                else {"error": f"not found: {folder / name}"}
+            )
+        return found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -824,14 +899,6 @@ def _loopback(url: str) -> tuple[int, str] | None:
     if parts.scheme != "http" or parts.hostname not in ("localhost", "127.0.0.1") or not port:
         return None
     return port, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-
-
-def _inside(folder: Path, name: str) -> Path:
-    """`folder / name`, refused when it leaves the folder (a task names its files relative to it)."""
-    path = (folder / name).resolve()
-    if folder.resolve() not in path.parents:
-        raise ConfigError(f"{folder}: {name} is not inside the task's folder")
-    return path
 
 
 def _caches(_folder: str, names: list[str]) -> set[str]:

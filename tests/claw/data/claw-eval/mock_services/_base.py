@@ -10,6 +10,9 @@ a request marked `X-Health-Check: 1`:
   (429 or 500), every time the same, for tests of recovery.
 
 An injected error never reaches the route, so the service's audit does not record it.
+
+`STARTUP_CPU` (seconds, default 0): CPU time a service spends before it listens, as a heavier
+service's imports do; a test of starting many services on a loaded machine sets it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import json
 import os
 import random
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 EXEMPT = ("/audit", "/reset", "/health", "/docs", "/openapi.json")
+
+while time.process_time() < float(os.environ.get("STARTUP_CPU", "0")):
+    pass
 
 
 def load_fixture(variable: str, key: str) -> list[dict[str, Any]]:
