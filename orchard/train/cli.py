@@ -260,6 +260,6 @@ def demo(
         f"The student is a tiny model with random weights: the table shows every stage runs, on {len(chosen)} "
         f"training and {len(evaluated['tasks']['ids'])} held-out tasks, not that a model learns (its rates stay "
         "at 0%). What training does to a real model on tasks it never saw: `./dev learning` (SmolLM2-135M on generated tasks, "
-        "about 45 minutes on a CPU; its figures are in the README)."
+        "about 45 minutes on a CPU; its figures are in docs/training.md)."
     )
     typer.echo("open `orchard tui` to see the runs, their metrics, the sandboxes and every trajectory")

@@ -212,7 +212,7 @@ DIFFERENCES = (
         'return doc and doc.split("\\n")[0].strip() or None',
     ),
 )
-"""What an older Python reports otherwise, found on rows graded here (the README lists them)."""
+"""What an older Python reports otherwise, found on rows graded here (docs/eval.md lists them)."""
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -27,7 +27,7 @@ What decides a grade is therefore sent while the tests run, over a channel the h
   called by pytest's own code.
 
 Any refusal or failed check is a `violation` record: the grade is unresolved. What this does not
-stop is in the README's security table (in one process nothing is airtight). Python before 3.8
+stop is in the security table, docs/security.md (in one process nothing is airtight). Python before 3.8
 has no audit hooks: the channel and the checks still run, unprotected.
 
 Written for every Python and pytest a SWE-bench image may hold (3.6+, pytest 4.6+, pluggy 0.13+).
