@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from math import comb
@@ -68,3 +69,12 @@ def by_group(rows: Iterable[dict[str, Any]], key: str) -> dict[str, list[dict[st
     for row in rows:
         groups[row[key]].append(row)
     return dict(groups)
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """How `values` spread: min, quartiles (inclusive, as numpy's default) and max; {} for none."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    q1, median, q3 = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else ordered * 3
+    return {"min": ordered[0], "p25": q1, "median": median, "p75": q3, "max": ordered[-1]}

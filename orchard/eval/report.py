@@ -86,7 +86,7 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def write_report(folder: Path, summary: dict[str, Any], title: str) -> Path:
-    """`report.md` plus `resolve_rate.png` and `outcomes.png` in `folder`; the Markdown's path."""
+    """`report.md` plus `resolve_rate.png`, `outcomes.png` and `steps_tokens.png` in `folder`; the Markdown's path."""
     harnesses = summary["harnesses"]
     scored = summary.get("metric") == "score"
     plots = _plots(folder, harnesses) if harnesses else []
@@ -132,6 +132,7 @@ def write_report(folder: Path, summary: dict[str, Any], title: str) -> Path:
         lines += [f"* `{a['id']}` ({a['outcome']}): {'; '.join(a['reasons'])}" for a in flagged_attempts]
         lines.append("")
     lines += _task_section(summary.get("tasks") or {})
+    lines += _effort_section(harnesses)
     lines += _image_section(summary.get("images") or {})
     lines += [f"![{plot.stem}]({plot.name})" for plot in plots]
     path = folder / "report.md"
@@ -156,6 +157,22 @@ def _task_section(tasks: dict[str, dict[str, str]]) -> list[str]:
     harnesses = sorted({h for row in tasks.values() for h in row})
     lines = ["## Per task", "", f"| task | {' | '.join(harnesses)} |", "|---|" + "---|" * len(harnesses)]
     lines += [f"| {task} | {' | '.join(row.get(h, '-') for h in harnesses)} |" for task, row in sorted(tasks.items())]
+    return [*lines, ""]
+
+
+def _effort_section(harnesses: dict[str, Any]) -> list[str]:
+    """How many steps and tokens the graded attempts took, per harness: median, quartiles, range."""
+    rows = [(name, row) for name, row in harnesses.items() if row.get("steps")]
+    if not rows:
+        return []
+    lines = ["## Steps and tokens", "", "Graded attempts: median [25th-75th percentile] (least-most).", ""]
+    lines += ["| harness | steps | tokens |", "|---|---|---|"]
+    for name, row in rows:
+        cells = [
+            f"{s['median']:.{digits}f} [{s['p25']:.{digits}f}-{s['p75']:.{digits}f}] ({s['min']:.0f}-{s['max']:.0f})"
+            for s, digits in ((row["steps"], 1), (row["tokens"], 0))
+        ]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
     return [*lines, ""]
 
 
@@ -271,4 +288,20 @@ def _plots(folder: Path, harnesses: dict[str, Any]) -> list[Path]:
     fig.tight_layout()
     fig.savefig(outcome_path, dpi=100)
     plt.close(fig)
-    return [rate_path, outcome_path]
+    drawn = [n for n in names if harnesses[n].get("steps")]
+    if not drawn:
+        return [rate_path, outcome_path]
+    effort_path = folder / "steps_tokens.png"
+    fig, axes = plt.subplots(1, 2, figsize=(max(5.0, 1.6 * len(drawn) + 3), 3))
+    for ax, key in zip(axes, ("steps", "tokens"), strict=True):
+        boxes = [
+            {"label": n, "med": s["median"], "q1": s["p25"], "q3": s["p75"], "whislo": s["min"], "whishi": s["max"]}
+            for n in drawn
+            for s in [harnesses[n][key]]
+        ]
+        ax.bxp(boxes, showfliers=False)
+        ax.set_title(f"{key.capitalize()} per graded attempt")
+    fig.tight_layout()
+    fig.savefig(effort_path, dpi=100)
+    plt.close(fig)
+    return [rate_path, outcome_path, effort_path]

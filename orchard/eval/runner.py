@@ -38,7 +38,7 @@ from orchard.agents.loop import record_verdict
 from orchard.agents.models import ModelUnavailable
 from orchard.errors import OrchardError
 from orchard.eval.attempt import TaskPools
-from orchard.eval.metrics import mean_over_tasks, pass_at_k, pass_hat_k, swebench_report
+from orchard.eval.metrics import mean_over_tasks, pass_at_k, pass_hat_k, spread, swebench_report
 from orchard.eval.report import attempt_folder, outcome_cell, write_attempt, write_report
 from orchard.store import ResultRecord, Store
 from orchard.store.runs import add_result, delete_run, finish_run, record_metrics, results_of, start_run
@@ -454,7 +454,7 @@ def _graded(task: TaskBase, client: Client, submission: str, image: str) -> Grad
 
 def summarize(results: Sequence[ResultRecord], task_ids: Sequence[str], metric: str = "resolve_rate") -> dict[str, Any]:
     """Per harness: resolve rate (the share that passed), mean score, pass@k and pass^k for k up to
-    the samples, steps, tokens, outcomes by kind, how many attempts the grader flagged as
+    the samples, steps and tokens (means, and the spread of graded attempts'), outcomes by kind, how many attempts the grader flagged as
     suspicious (and of those, how many resolved: they count as resolved, flagged, so a reader sees
     them and can take them out); the flagged attempts with their reasons; which figure ranks them
     (`metric`); and SWE-bench's report for sample 0 of the first harness."""
@@ -487,6 +487,8 @@ def summarize(results: Sequence[ResultRecord], task_ids: Sequence[str], metric: 
             "pass_hat_k": {str(k): mean_over_tasks(per_task, k, pass_hat_k) for k in range(1, k_max + 1)},
             "mean_steps": sum(r.steps for r in records) / len(records),
             "mean_tokens": sum(r.tokens for r in records) / len(records),
+            "steps": spread([r.steps for r in graded]),
+            "tokens": spread([r.tokens for r in graded]),
             "outcomes": dict(sorted(outcomes.items())),
         }
     first = next(iter(harnesses), None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from orchard.eval.metrics import pass_at_k, pass_hat_k, swebench_report
@@ -64,3 +66,28 @@ def test_the_report_times_each_image_and_names_the_rows_on_another_python(tmp_pa
         "1 ran on another Python than they ask for (their warnings say how that is made up for): `django__django-11049`."
         in text
     )
+
+
+def test_the_report_gives_the_spread_of_steps_and_tokens_without_machine_errors(tmp_path) -> None:
+    from orchard.eval.metrics import spread
+    from orchard.eval.report import write_report
+    from orchard.eval.runner import summarize
+    from orchard.store import ResultRecord
+
+    assert spread([]) == {} and spread([7]) == {"min": 7, "p25": 7, "median": 7, "p75": 7, "max": 7}
+    assert spread([1, 2, 3, 4, 5]) == {"min": 1, "p25": 2, "median": 3, "p75": 4, "max": 5}
+
+    def result(task: str, steps: int, tokens: int, outcome: str = "resolved", grade: str = "{}") -> ResultRecord:
+        return ResultRecord(
+            id=f"r/{task}/bash/0", run_id="r", instance_id=task, harness="bash", sample=0, outcome=outcome,
+            resolved=outcome == "resolved", grade=grade, steps=steps, tokens=tokens, created_at=0.0,
+        )  # fmt: skip
+
+    results = [result(f"t{i}", steps, 100 * steps) for i, steps in enumerate([2, 4, 6, 8, 10])]
+    died = json.dumps({"error": "the model server failed: APIConnectionError", "fault": "machine"})
+    results.append(result("t9", 0, 0, "error", died))  # a machine error: not an attempt's effort
+    summary = summarize(results, [f"t{i}" for i in range(10)])
+    assert summary["harnesses"]["bash"]["steps"] == {"min": 2, "p25": 4, "median": 6, "p75": 8, "max": 10}
+    text = write_report(tmp_path, summary, "t").read_text()
+    assert "| bash | 6.0 [4.0-8.0] (2-10) | 600 [400-800] (200-1000) |" in text
+    assert "![steps_tokens](steps_tokens.png)" in text and (tmp_path / "steps_tokens.png").stat().st_size > 1000
