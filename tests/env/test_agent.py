@@ -8,6 +8,7 @@ import http.client
 import io
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -226,6 +227,51 @@ def test_list_command_is_shell_quoted(client: httpx.Client) -> None:
     assert run(client, ["echo", "a b", "it's"])["stdout"] == b"a b it's\n"
     answer = run(client, ["printf", "%s|", '"q"', "$HOME", "x;y", "*"])
     assert answer["stdout"] == b'"q"|$HOME|x;y|*|'
+
+
+PROBE = "import json, os, resource; print(json.dumps([os.getcwd(), dict(os.environ), resource.getrlimit(resource.RLIMIT_NOFILE), os.getsid(0) == os.getpid()]))"
+"""What a program sees of how it was started: its folder, environment, limits, and whether it leads its session."""
+
+
+def test_a_command_list_with_nothing_for_a_shell_runs_without_one_and_sees_the_same(
+    client: httpx.Client, ws: Path
+) -> None:
+    """A list the shell would only find on PATH and exec runs directly: its `$0` is the program's
+    path (the one difference), and its folder, environment, limits and session are what `bash -c`
+    of the same list gives it (bash 5 sets PWD, SHLVL and `_`; here they are set for it)."""
+    assert run(client, ["sh", "-c", 'echo "$0"'])["stdout"] == f"{shutil.which('sh')}\n".encode()  # no shell
+    assert run(client, shlex.join(["sh", "-c", 'echo "$0"']))["stdout"] == b"sh\n"  # bash found and exec'd it
+    fields = {"cwd": str(ws), "env": {"GREETING": "hi", "PWD": "/elsewhere", "SHLVL": "4"}}
+    direct, shelled = (
+        run(client, ["python3", "-c", PROBE], **fields),
+        run(client, shlex.join(["python3", "-c", PROBE]), **fields),
+    )
+    assert json.loads(direct["stdout"]) == json.loads(shelled["stdout"])
+    folder, environment, _, leads = json.loads(direct["stdout"])
+    assert folder == environment["PWD"] == str(ws) and environment["SHLVL"] == "4" and leads
+    assert run(client, ["cat"], stdin=base64.b64encode(b"fed\n").decode())["stdout"] == b"fed\n"
+
+
+def test_a_command_list_the_shell_would_act_on_runs_in_the_shell(client: httpx.Client, ws: Path) -> None:
+    """Assignments, builtins, exported functions, programs not found and scripts with no `#!` line
+    are the shell's to run: each answers as `bash -c` of the list does."""
+    assert b"FROM_LIST=1" in run(client, ["FROM_LIST=1", "env"])["stdout"]
+    assert run(client, ["cd", "/"])["exit_code"] == 0
+    function = run(client, ["greet"], env={"BASH_FUNC_greet%%": "() { echo hi from a function; }"})
+    assert function["stdout"] == b"hi from a function\n"
+    missing = run(client, ["no-such-program-here", "x"])
+    assert missing["exit_code"] == 127 and b"command not found" in missing["stderr"]
+    plain = ws / "plain"
+    plain.write_text("echo from a script with no first line\n")
+    plain.chmod(0o755)
+    assert run(client, [str(plain)])["stdout"] == b"from a script with no first line\n"
+
+
+def test_a_command_list_run_without_a_shell_is_killed_whole_at_its_timeout(client: httpx.Client) -> None:
+    spawn = "import subprocess, time; p = subprocess.Popen(['sleep', '30'], start_new_session=True); print(p.pid, flush=True); time.sleep(30)"
+    answer = run(client, ["python3", "-c", spawn], timeout=0.5)
+    assert answer["exit_code"] == 124 and answer["timed_out"] is True and answer["duration"] < 3
+    assert wait_dead(int(answer["stdout"])), "its child in a session of its own survived the timeout"
 
 
 def test_login_shell_reads_profile_and_bashrc(client: httpx.Client, ws: Path) -> None:

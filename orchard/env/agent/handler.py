@@ -344,17 +344,20 @@ class AgentHandler(socketserver.StreamRequestHandler):
         timeout, login = field_timeout(data), field_bool(data, "login_shell")
         max_output, stdin = field_max_output(data), field_stdin(data)
         agent = self.server.agent
+        folder, environment = self.resolve_cwd(cwd), {**agent.base_env, **env}
+        listed = data["command"] if isinstance(data["command"], list) and not login else None
+        direct = agent.shell.direct(listed, environment, folder) if listed else None
         with long_command(script, agent) as (command, fds):
             try:
-                argv = agent.shell.argv(command, login, fds[0] if fds else None)
+                argv, environment = direct or (agent.shell.argv(command, login, fds[0] if fds else None), environment)
             except FileNotFoundError as exc:
                 self.send_exec(ProcessResult(Capture(0), Capture(0), error=str(exc)))
                 return
             ooms = oom_kills()
             result = run_process(
                 argv,
-                cwd=self.resolve_cwd(cwd),
-                env={**agent.base_env, **env},
+                cwd=folder,
+                env=environment,
                 stdin=stdin,
                 timeout=timeout,
                 max_output=max_output,

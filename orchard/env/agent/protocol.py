@@ -20,7 +20,9 @@ limit 413 (JSON bodies 256 MiB, uploads 1 GiB; a command 16 MiB). Relative paths
     Body ``{"command": str | [str], "cwd": str|null, "env": {str: str}|null,
     "timeout": number|null, "login_shell": bool, "max_output": int|null, "stdin": str|null}``.
     A string runs as ``bash -c CMD`` (``sh -c`` in images without bash); a list is quoted with
-    ``shlex.join`` first. A command over 64 KiB, which argv cannot hold, is handed to the shell
+    ``shlex.join`` first, except that a list the shell would only find on ``PATH`` and exec
+    (no keyword, builtin or assignment first; not with ``login_shell``) is exec'd directly, with
+    the environment the shell would give it (``Shell.direct``). A command over 64 KiB, which argv cannot hold, is handed to the shell
     as an open file of memory (``memfd_create``: no path, nothing on disk) that it reads and
     runs with ``eval``: the same but for syntax errors, reported as ``eval: line N``; exit code
     126 when it cannot be read (without ``memfd_create``, a file in the agent's private folder,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import selectors
 import shlex
 import subprocess
@@ -30,6 +31,20 @@ then the script as ``-c`` would parse it, in a subshell, which bash makes non-in
 status 1, as published.)"""
 INLINE_COMMAND_BYTES = 64 * 1024
 """Longer commands are read from a file of memory: Linux refuses one argv string over 128 KiB, all of argv over ~2 MiB."""
+SHELL_WORDS = frozenset(
+    """! [[ ]] { } case coproc do done elif else esac fi for function if in select then time until while
+    . : alias bg bind break builtin caller cd command compgen complete compopt continue declare dirs disown
+    enable eval exec exit export fc fg getopts hash help history jobs kill let local logout mapfile popd
+    pushd pwd read readarray readonly return set shift shopt source suspend times trap type typeset ulimit
+    umask unalias unset wait""".split()  # noqa: SIM905
+)
+"""Bash's keywords, and its builtins that act otherwise than a program of that name or have none: a
+command list starting with one runs in the shell. (`echo`, `printf`, `test`, `[`, `true` and
+`false` act as the programs do, so a list starting with one of those may run without it.)"""
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
+"""A word the shell takes as a variable assignment, not a command (`FOO=1 cmd`)."""
+RUNNABLE = (b"\x7fELF", b"#!")
+"""How a file execve runs starts; any other the shell would run as a script of its own."""
 INLINE_SESSION_BYTES = 4 * 1024
 """Longer session commands are read from a private file: bash reads a pipe a byte at a time (~0.6 s a MiB)."""
 
@@ -74,6 +89,43 @@ class Shell:
             return [self.path, "--login", "-i", "-c", f"__orchard_script=$1; set --\n{LOGIN_BASH}", self.path, script]
         return [self.path, "--login", "-i", "-c", f"{self.read_fd(fd)}\n{LOGIN_BASH}", self.path]
 
+    def direct(self, argv: list[str], env: dict[str, str], cwd: str) -> tuple[list[str], dict[str, str]] | None:
+        """``argv`` and ``env`` to run a command list with no shell, or None where the shell would do
+        something for it, so that it runs there. A shell's ``-c`` of a list (``shlex.join``) with no
+        keyword, builtin, assignment or exported function first finds the program on ``PATH`` and
+        execs it in place: its process, limits, stdin and process tree are the same, and so is its
+        environment once ``PWD`` (and for bash ``SHLVL`` and ``_``, as bash 5 sets them) is set
+        here. A program that is not found, not executable or not ELF or ``#!`` (which the shell
+        would run as its own script) is left to the shell, whose error or fallback it then gets.
+        One difference stays: the program's ``argv[0]`` is its path, not the word given. An image
+        with no shell at all runs command lists this way too."""
+        name = argv[0]
+        if (
+            name in SHELL_WORDS
+            or ASSIGNMENT.match(name)
+            or f"BASH_FUNC_{name}%%" in env
+            or sum(len(arg) for arg in argv) > INLINE_COMMAND_BYTES
+        ):
+            return None
+        if "/" in name:
+            path = os.path.join(cwd, name)
+        else:
+            search = env.get("PATH", "").split(os.pathsep)
+            if not all(folder.startswith("/") for folder in search):
+                return None  # a relative folder is found from the command's cwd, as the shell finds it
+            path = next((os.path.join(f, name) for f in search if os.access(os.path.join(f, name), os.X_OK)), "")
+        try:
+            with open(path, "rb") as program:
+                if not program.read(4).startswith(RUNNABLE) or not os.access(path, os.X_OK):
+                    return None
+        except OSError:  # not found, a folder, not readable: the shell says so
+            return None
+        extra = {"PWD": env["PWD"] if _same_folder(env.get("PWD", ""), cwd) else cwd}
+        if self.is_bash:
+            level = env.get("SHLVL", "")
+            extra |= {"SHLVL": str(max(0, int(level))) if level.strip().lstrip("-").isdigit() else "0", "_": path}
+        return [path, *argv[1:]], {**env, **extra}
+
     def read_fd(self, fd: int) -> str:
         """A command that reads the script in the open file ``fd`` into ``$__orchard_script``
         and closes the file (what the script starts does not inherit it); exit 126 when it
@@ -92,6 +144,14 @@ class Shell:
         """A command that runs the script in the file ``path`` with ``eval``; status 126 (and
         ``cat``'s complaint) when it cannot be read, rather than running nothing and succeeding."""
         return f"eval \"$(cat -- {shlex.quote(path)} || echo '(exit 126)')\""
+
+
+def _same_folder(given: str, cwd: str) -> bool:
+    """Whether `given` (a PWD) names the folder `cwd`, through links or not, as a shell keeps it."""
+    try:
+        return given.startswith("/") and os.path.samefile(given, cwd)
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
