@@ -19,9 +19,34 @@ from orchard.eval.report import outcome_cell, rate_chart
 from orchard.eval.runner import machine_error
 
 if TYPE_CHECKING:
-    from orchard.store import ResultRecord, Store
+    from orchard.store import ResultRecord, RunRecord, Store
 
 KINDS = ("eval", "collect")
+
+
+def evaluation(run_id: str, store: Store) -> RunRecord:
+    """The run `run_id`, if it is one that compares (an eval or a collection); else OrchardError."""
+    from orchard.store.runs import get_run
+
+    run = get_run(run_id, store=store)
+    if run is None:
+        raise OrchardError(f"no run {run_id!r} (`orchard runs ls` lists them)")
+    if run.kind not in KINDS:
+        raise OrchardError(f"run {run_id} is a {run.kind} run: only eval and collect runs compare")
+    return run
+
+
+def graded_by_harness(run_id: str, store: Store) -> dict[str, tuple[list[ResultRecord], int]]:
+    """A run's results by harness (sorted): those graded, and how many a machine error ended."""
+    from orchard.store.runs import results_of
+
+    records = results_of(run_id, store=store)
+    found = {}
+    for harness in sorted({r.harness for r in records}):
+        mine = [r for r in records if r.harness == harness]
+        graded = [r for r in mine if machine_error(r) is None]
+        found[harness] = (graded, len(mine) - len(graded))
+    return found
 
 
 def compare_runs(run_ids: list[str], out: Path | None = None, *, store: Store | None = None) -> Path:
@@ -29,7 +54,6 @@ def compare_runs(run_ids: list[str], out: Path | None = None, *, store: Store | 
     named by the runs compared); the Markdown's path. OrchardError naming what is wrong: fewer
     than two runs, a run the store lacks, a run that is no evaluation."""
     from orchard.store import Store
-    from orchard.store.runs import get_run, results_of
 
     store = store or Store.open()
     if len(run_ids) < 2 or len(set(run_ids)) < len(run_ids):
@@ -38,18 +62,10 @@ def compare_runs(run_ids: list[str], out: Path | None = None, *, store: Store | 
     graded: dict[tuple[str, str], list[ResultRecord]] = {}
     errors: dict[tuple[str, str], int] = {}
     for run_id in run_ids:
-        run = get_run(run_id, store=store)
-        if run is None:
-            raise OrchardError(f"no run {run_id!r} (`orchard runs ls` lists them)")
-        if run.kind not in KINDS:
-            raise OrchardError(f"run {run_id} is a {run.kind} run: only eval and collect runs compare")
-        records = results_of(run_id, store=store)
-        for harness in sorted({r.harness for r in records}):
-            column = (run_id, harness)
-            columns.append(column)
-            mine = [r for r in records if r.harness == harness]
-            graded[column] = [r for r in mine if machine_error(r) is None]
-            errors[column] = len(mine) - len(graded[column])
+        evaluation(run_id, store)
+        for harness, (mine, lost) in graded_by_harness(run_id, store).items():
+            columns.append((run_id, harness))
+            graded[run_id, harness], errors[run_id, harness] = mine, lost
     if not columns:
         raise OrchardError(f"runs {', '.join(run_ids)} hold no results yet")
     digest = hashlib.sha256(" ".join(run_ids).encode()).hexdigest()[:12]

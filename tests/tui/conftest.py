@@ -186,3 +186,73 @@ def filled_store(tmp_path) -> str:
                 )
             )
     return db_url
+
+
+@pytest.fixture
+def two_evals(filled_store) -> str:
+    """The filled store and run `eval-2`, started after `eval-1`: textkit-1 resolved under bash (a flip from eval-1's
+    empty patch), textkit-2 unresolved, textkit-1 resolved under tools (a harness eval-1 has no
+    result under), and textkit-3 ended by a machine error (left out of the rates)."""
+    with session(Store.open(filled_store)) as db:
+        db.add(
+            RunRecord(
+                id="eval-2", kind="eval", name="eval tasks.jsonl scripted:regress", status="finished", owner="x",
+                host="h", started_at=NOW - 100, ended_at=NOW - 50, summary="{}", config="{}",
+            )
+        )  # fmt: skip
+        for task, harness, outcome, grade in [
+            ("orchard-examples__textkit-1", "bash", "resolved", {}),
+            ("orchard-examples__textkit-2", "bash", "unresolved", {}),
+            ("orchard-examples__textkit-1", "tools", "resolved", {}),
+            ("orchard-examples__textkit-3", "bash", "error", {"error": "a sandbox died", "fault": "machine"}),
+        ]:
+            db.add(
+                ResultRecord(
+                    id=f"eval-2/{task}/{harness}/0", run_id="eval-2", instance_id=task, harness=harness, sample=0,
+                    outcome=outcome, resolved=outcome == "resolved", grade=json.dumps(grade), created_at=NOW,
+                )
+            )  # fmt: skip
+    return filled_store
+
+
+@pytest.fixture
+def running_eval(filled_store) -> str:
+    """The filled store and run `eval-live`, running in this process (so no one marks it interrupted): 1 of its 4
+    attempts graded in its 2 minutes so far; a live sandbox of its process that ran two
+    commands, and another that the process let go (deleted). The fixture's other sandboxes are
+    a service's."""
+    import socket
+
+    from orchard.process import process_owner
+
+    me = process_owner()
+    with session(Store.open(filled_store)) as db:
+        db.add(
+            RunRecord(
+                id="eval-live", kind="eval", name="eval tasks.jsonl scripted:gold", status="running", owner=me,
+                host=socket.gethostname(), started_at=NOW - 120, summary="{}",
+                config=json.dumps({"total_attempts": 4, "model": "scripted:gold"}),
+            )
+        )  # fmt: skip
+        db.add(
+            ResultRecord(
+                id="eval-live/orchard-examples__textkit-1/bash/0", run_id="eval-live",
+                instance_id="orchard-examples__textkit-1", harness="bash", sample=0, outcome="resolved",
+                resolved=True, created_at=NOW - 30,
+            )
+        )  # fmt: skip
+        for sandbox, status in (("cafe00000001", "ready"), ("cafe00000002", "deleted")):
+            db.add(
+                SandboxRecord(
+                    id=sandbox, backend="docker", image="orchard/swe:orchard-examples__textkit-2", network="blocked",
+                    owner=me, status=status, created_at=NOW - 45, ttl=7200,
+                )
+            )  # fmt: skip
+        for index, command in enumerate(["ls", "sed -n '1,40p' textkit/wrap.py"]):
+            db.add(
+                ExecRecord(
+                    id=f"live-{index}", sandbox_id="cafe00000001", command=command, status="succeeded", exit_code=0,
+                    created_at=NOW - 40 + index,
+                )
+            )  # fmt: skip
+    return filled_store
