@@ -90,7 +90,7 @@ def test_image_build_takes_every_image_by_name(docker_client):
     bad = runner.invoke(app, ["image", "build", "chrome"])
     assert bad.exit_code == 1
     assert bad.stderr == (
-        "error: unknown image 'chrome': use base, busybox, agent, claw-eval, browser, miniwob or module:function\n"
+        "error: unknown image 'chrome': use base, busybox, agent, service, claw-eval, browser, miniwob or module:function\n"
     )
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -21,26 +20,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("orchard", "examples", "setup.py", "pyproject.toml", "README.md")
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     """The `bin/` of a fresh venv holding the wheel of this checkout (and nothing else of ours)."""
+    from orchard.deploy import build_wheel
+
     tmp = tmp_path_factory.mktemp("wheel")
-    source = tmp / "source"
-    for name in SOURCES:  # a copy, so the build writes nothing into the checkout
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy2(ROOT / name, source / name)
+    wheel = build_wheel(tmp / "dist")  # `pip wheel --no-deps` of a copy of this checkout
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(tmp / "dist"), str(source)],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = (tmp / "dist").glob("orchard_agents-*.whl")
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"

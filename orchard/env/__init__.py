@@ -24,8 +24,10 @@ IMAGES: dict[str, str] = {
     "base": "orchard.env.images:build_base",
     "busybox": "orchard.env.images:build_busybox",
     "agent": "orchard.env.images:build_agent",
+    "service": "orchard.deploy:build_service",
 }
-"""The images every recipe may use, by the name `orchard image build NAME` takes:
+"""The images every recipe may use, and the service's own for a cluster (`orchard.deploy`, above
+this layer: named here, never imported), by the name `orchard image build NAME` takes:
 `name -> "module:build"`. Each recipe adds its own (`orchard.recipes.Recipe.images`)."""
 
 if TYPE_CHECKING:

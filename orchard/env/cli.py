@@ -368,6 +368,34 @@ def image_build_agent(
     typer.echo(images.build_agent(tag, force=force))
 
 
+@command(image_app, "build-service")
+def image_build_service(
+    wheel: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="Orchard's wheel to install (default: built from this source checkout; "
+            "an installed Orchard has none and needs this).",
+        ),
+    ] = None,
+    tag: Annotated[
+        str | None, typer.Option(metavar="TAG", help="Image tag to create (default orchard/orchard:VERSION).")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Resolve the dependencies again and rebuild even if the image is current.")
+    ] = False,
+) -> None:
+    """Build the service's image for a cluster (deploy/kubernetes) offline from Orchard's wheel; push it to your registry.
+
+    The bookworm base with a venv of the wheel and its dependencies less the training ones (torch,
+    transformers, trl, ...), entrypoint `orchard`, user 10001. Resolved on this host and installed
+    with no network; rebuilt only when the wheel changes.
+    """
+    from orchard.env import images
+
+    typer.echo(images.build_image("service", force=force, log=typer.echo, wheel=wheel, tag=tag))
+
+
 @command(image_app, "build-tools")
 def image_build_tools(
     injector: Annotated[

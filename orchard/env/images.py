@@ -16,6 +16,9 @@
   into the `emptyDir` the task's unmodified image then starts the agent from. It needs no
   network (a second or two); a real cluster pulls it from the lab's registry, so push it there.
 
+The service's own image for a cluster, `orchard/orchard:<version>`, is `orchard.deploy`'s: it
+installs Orchard's wheel from a wheelhouse (`orchard.tasks.wheelhouse`, a layer above this one).
+
 All return the image reference and are cached: when the tag exists (for the base, built from
 the same package list; for the injector, holding the same bundle) they return at once, unless
 `force=True`. The engine is reached with `docker.from_env()`; an unreachable engine raises
@@ -244,9 +247,10 @@ def image_builders() -> dict[str, str]:
     return IMAGES | merged("images")
 
 
-def build_image(name: str, *, force: bool = False, log: Log | None = None) -> str:
-    """Build (or reuse) the image called `name` in `image_builders()`; return its tag."""
-    return str(load(image_builders(), name, "image", form="function")(force=force, log=log))
+def build_image(name: str, *, force: bool = False, log: Log | None = None, **options: object) -> str:
+    """Build (or reuse) the image called `name` in `image_builders()`, passing its builder `options`
+    besides `force` and `log`; return its tag."""
+    return str(load(image_builders(), name, "image", form="function")(force=force, log=log, **options))
 
 
 def base_facts(labels: dict[str, str]) -> tuple[str, str] | None:

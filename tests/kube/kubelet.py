@@ -18,12 +18,14 @@ What it emulates:
 * **The kubelet** ("containers" mode). Each bound Pod gets its own loopback address 127.0.0.N (N from
   2 up, never two Pods at once, across processes too: a lock file per address; 127.0.0.0/8 all
   routes to `lo` on Linux): that is its podIP. Each `emptyDir` is a fresh Docker volume (empty, mode
-  0777; a tmpfs for `medium: Memory`, `sizeLimit` as its size). The init containers run one by one
-  to completion, then the main containers start; each is a `docker run` of the image with
-  command/args (Kubernetes semantics: `command` replaces the ENTRYPOINT and drops the image's CMD,
-  `$(VAR)` expanded), env (values and the common `fieldRef`s), workingDir and volumeMounts
-  (readOnly too). Every containerPort, and every tcpSocket probe's port, is published on 127.0.0.N
-  at the same port. securityContext maps to Docker where Docker can: capabilities add/drop,
+  0777; a tmpfs for `medium: Memory`, `sizeLimit` as its size); a `hostPath` is a bind mount of that
+  host path, its `type` checked (Directory, DirectoryOrCreate, File, Socket, or none). The init
+  containers run one by one to completion, then the main containers start; each is a `docker run`
+  of the image with command/args (Kubernetes semantics: `command` replaces the ENTRYPOINT and drops
+  the image's CMD, `$(VAR)` expanded), env (values, the common `fieldRef`s, and `secretKeyRef`s read
+  from the API server), workingDir and volumeMounts (readOnly too). Every containerPort, and every
+  tcpSocket and httpGet probe's port, is published on 127.0.0.N at the same port. securityContext
+  maps to Docker where Docker can: capabilities add/drop,
   `allowPrivilegeEscalation: false` (no-new-privileges), readOnlyRootFilesystem, privileged,
   runAsUser/runAsGroup/supplementalGroups, runAsNonRoot (checked against the image's user),
   seccomp RuntimeDefault (Docker's profile; none given is Unconfined, as a 1.20 kubelet runs it).
@@ -31,6 +33,18 @@ What it emulates:
   `runtimeClassName` -> the Docker runtime named by its RuntimeClass's handler.
   restartPolicy Never: a main container that exits makes the Pod Failed (non-zero) or Succeeded
   (all zero); Always/OnFailure: Docker's restart policy of the same name restarts it (restartCount).
+  `hostNetwork: true`: the containers run in this host's network namespace (Docker's `host`
+  network), the podIP is the hostIP 127.0.0.1 and nothing is published; such a Pod reaches what
+  the host reaches on loopback (the API server, other Pods at 127.0.0.N) and its ports are the host's.
+* **Service accounts.** A Pod that names a serviceAccountName (where neither it nor the account
+  sets automountServiceAccountToken: false) gets what the ServiceAccount admission plugin and a
+  kubelet give it together: a token of that account bound to the Pod (TokenRequest, 3607 s), the
+  API server's CA and the namespace, read-only at /var/run/secrets/kubernetes.io/serviceaccount in
+  every container that mounts nothing there. Every container gets the `kubernetes` Service's
+  variables (KUBERNETES_SERVICE_HOST/PORT/PORT_HTTPS, KUBERNETES_PORT), which here name the API
+  server's own loopback address and port (`service_variables`). A Secret, key, service account or
+  hostPath the Pod names that is not there is CreateContainerConfigError, and is looked for again
+  with backoff (1 s doubling to 10 s), so a Pod starts once it is created.
 * **Statuses**, written with the status subresource as a kubelet writes them: phase, podIP/podIPs,
   hostIP, startTime, conditions (PodScheduled, Initialized, ContainersReady, Ready) and init and
   main containerStatuses (image, imageID, containerID, state waiting/running/terminated with
@@ -38,10 +52,12 @@ What it emulates:
   ready, started). An image the local Docker engine lacks is ErrImagePull with a message (an
   invalid name InvalidImageName); the Pod stays Pending and the image is looked for again with
   backoff (2 s doubling to 60 s, not a tight loop), so a Pod starts once the image is there.
-* **Probes, tcpSocket only** (startup, readiness, liveness; delay, period, timeout, thresholds):
-  a connection to 127.0.0.N:port that stays open. (Docker's userland proxy accepts every
-  connection on a published port and closes it at once when nothing listens in the container,
-  so a bare connect would always pass.) A container without a readinessProbe is ready when running.
+* **Probes, tcpSocket and httpGet** (startup, readiness, liveness; delay, period, timeout,
+  thresholds). tcpSocket: a connection to 127.0.0.N:port that stays open. (Docker's userland proxy
+  accepts every connection on a published port and closes it at once when nothing listens in the
+  container, so a bare connect would always pass.) httpGet: a GET of the path (with its headers;
+  HTTPS unverified) answered 200 to 399, redirects not followed. A container without a
+  readinessProbe is ready when running.
 * **Deletion.** A Pod with a deletionTimestamp: its containers are stopped (SIGTERM, then SIGKILL
   after the grace period, at most 30 s) and removed, its volumes removed, its address released,
   then the Pod is deleted with grace 0 (uid precondition), as the kubelet ends it. A Pod deleted
@@ -61,16 +77,19 @@ What it does NOT emulate:
   only `nodeSelector` is checked. Requests are not reserved; `pods` capacity is not enforced.
 * No CNI, no Services, no DNS, no kube-proxy: NetworkPolicies are NOT enforced (ingress and egress
   are whatever Docker's bridge network allows: egress is open). Pod IPs are loopback addresses:
-  reachable from this host, not from inside other Pods. Init containers run in a network
-  namespace of their own; the first main container owns the Pod's published ports and later
-  main containers join its network namespace. hostNetwork/hostPID/hostIPC are refused.
+  reachable from this host and from hostNetwork Pods, not from inside other Pods; the API server,
+  which the `kubernetes` Service's variables name, likewise. Init containers run in a network
+  namespace of their own; the first main container owns the Pod's published ports and later main
+  containers join its network namespace. hostPID/hostIPC are refused.
 * No cgroups beyond what Docker gives: no QoS classes, no eviction, no ephemeral-storage limits,
   no pids limit; OOMKilled is Docker's own report.
-* Probes: tcpSocket only (exec, httpGet and grpc probes are refused with
-  CreateContainerConfigError); lifecycle hooks (postStart, preStop) are ignored.
-* Volumes: emptyDir only (no configMap, secret, projected, downwardAPI, hostPath, PVC; no subPath);
-  env: no secretKeyRef, configMapKeyRef, resourceFieldRef or envFrom (all refused with
-  CreateContainerConfigError); no service-account token and no service-link variables are added.
+* Probes: exec and grpc probes are refused with CreateContainerConfigError; lifecycle hooks
+  (postStart, preStop) are ignored.
+* Volumes: emptyDir and hostPath only (no configMap, secret, projected, downwardAPI, PVC; no
+  subPath); env: no configMapKeyRef, resourceFieldRef or envFrom (all refused with
+  CreateContainerConfigError); no service-link variables. No service-account token for a Pod that
+  names no account (this API server runs without the ServiceAccount admission plugin, which would
+  name `default`), and a projected token is never refreshed.
 * Images are never pulled (imagePullPolicy and imagePullSecrets are ignored; a local image runs).
 * No kubelet API: no logs, exec, attach or port-forward through the API server; no Events, no
   node heartbeats or Leases, no activeDeadlineSeconds, no in-place container updates, no
@@ -79,9 +98,11 @@ What it does NOT emulate:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import heapq
+import http.client
 import itertools
 import json
 import logging
@@ -91,6 +112,7 @@ import queue
 import re
 import shutil
 import socket
+import ssl
 import tempfile
 import threading
 import time
@@ -98,7 +120,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import urllib3
 
@@ -116,6 +138,10 @@ STOP_GRACE_MAX = 30  # seconds: a Pod's terminationGracePeriodSeconds, capped so
 IMAGE_BACKOFF = (2.0, 60.0)  # first and longest wait before looking for a missing image again
 PROBE_HOLD = 0.1  # seconds a probe connection must stay open to count (see the module docstring)
 ADDRESS_LOCKS = Path(tempfile.gettempdir()) / "orchard-test-kubelet-addresses"
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_SECONDS = 3607  # what a kubelet asks a projected token to live for
+REFERENCE_BACKOFF = (1.0, 10.0)  # first and longest wait before looking for a missing Secret or service account again
+HOST_PATH_KINDS = {"": None, "Directory": "dir", "DirectoryOrCreate": "dir", "File": "file", "Socket": "socket"}
 
 
 def _now() -> str:
@@ -167,6 +193,11 @@ class _Leave(Exception):
 
 class _Unsupported(Exception):
     """A Pod asks for something this test kubelet does not emulate (CreateContainerConfigError)."""
+
+
+class _Missing(Exception):
+    """Something the Pod names is not there yet (a Secret, its key, a service account, a hostPath):
+    CreateContainerConfigError, looked for again with backoff, as a kubelet does."""
 
 
 class _Api:
@@ -431,7 +462,7 @@ def _memory_bytes(quantity: Any) -> int | None:
 
 @dataclass
 class _Probe:
-    """One tcpSocket probe of a running container, with its counters."""
+    """One tcpSocket or httpGet probe of a running container, with its counters."""
 
     kind: Literal["startup", "readiness", "liveness"]
     spec: Obj
@@ -445,8 +476,11 @@ class _Probe:
         return int(self.spec.get(name) or default)
 
     def check(self) -> bool:
-        """A connection to host:port that the far side keeps open (see the module docstring)."""
+        """An HTTP answer from 200 to 399 for httpGet; for tcpSocket a connection to host:port that
+        the far side keeps open (see the module docstring)."""
         timeout = self.setting("timeoutSeconds", 1)
+        if "httpGet" in self.spec:
+            return self._http_check(self.spec["httpGet"], timeout)
         try:
             with socket.create_connection((self.host, self.port), timeout=timeout) as connection:
                 connection.settimeout(PROBE_HOLD)
@@ -456,6 +490,26 @@ class _Probe:
                     return True
         except OSError:
             return False
+
+    def _http_check(self, get: Obj, timeout: int) -> bool:
+        """A GET of the probe's path, as the kubelet's prober sends it (HTTPS unverified, redirects not followed)."""
+        if (get.get("scheme") or "HTTP").upper() == "HTTPS":
+            unverified = ssl.create_default_context()
+            unverified.check_hostname, unverified.verify_mode = False, ssl.CERT_NONE
+            connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+                self.host, self.port, timeout=timeout, context=unverified
+            )
+        else:
+            connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        headers = {"User-Agent": "kube-probe/1.20", "Accept": "*/*"}
+        headers |= {header["name"]: header["value"] for header in get.get("httpHeaders") or []}
+        try:
+            connection.request("GET", get.get("path") or "/", headers=headers)
+            return 200 <= connection.getresponse().status < 400
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            connection.close()
 
 
 @dataclass
@@ -526,6 +580,10 @@ class _PodRunner(threading.Thread):
         self.address: str | None = None
         self.start_time = _now()
         self.volumes: dict[str, str] = {}  # Pod volume name -> Docker volume name
+        self.host_paths: dict[str, str] = {}  # Pod volume name -> the host folder or file it binds
+        self.host_network = bool(pod["spec"].get("hostNetwork"))
+        self.service_account: Path | None = None  # the host folder of its projected token, ca.crt and namespace
+        self.env: dict[str, dict[str, str]] = {}  # container name -> its environment, Secrets read
         self.inbox: queue.Queue[tuple] = queue.Queue()
         self.leave: str | None = None  # "delete" | "gone" | "stop"
         self.grace = STOP_GRACE_MAX
@@ -598,9 +656,10 @@ class _PodRunner(threading.Thread):
             self._teardown()
 
     def _run_pod(self) -> None:
-        self.address = self.kubelet._loopback.acquire(self._published_ports())
+        self.address = HOST_IP if self.host_network else self.kubelet._loopback.acquire(self._published_ports())
         self._check_supported()
         runtime = self._runtime()
+        self._await_references()
         self._create_volumes()
         for box in self.init_boxes:
             self._run_init(box, runtime)
@@ -641,7 +700,10 @@ class _PodRunner(threading.Thread):
         for volume in self.volumes.values():
             with contextlib.suppress(Exception):
                 docker.api.remove_volume(volume, force=True)
-        self.kubelet._loopback.release(self.address)
+        if self.service_account is not None:
+            shutil.rmtree(self.service_account, ignore_errors=True)
+        if not self.host_network:
+            self.kubelet._loopback.release(self.address)
         self.kubelet._runner_done(self)
         if self.leave == "delete":
             self.kubelet._delete_pod(self.namespace, self.pod_name, self.uid)
@@ -659,7 +721,7 @@ class _PodRunner(threading.Thread):
                 if port.get("name"):
                     named[port["name"]] = int(port["containerPort"])
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
-                target = _dig(box.spec, kind, "tcpSocket", "port")
+                target = _dig(box.spec, kind, "tcpSocket", "port", default=_dig(box.spec, kind, "httpGet", "port"))
                 if target is not None:
                     number = named.get(target) if isinstance(target, str) and not target.isdigit() else int(target)
                     if number:
@@ -668,7 +730,7 @@ class _PodRunner(threading.Thread):
 
     def _check_supported(self) -> None:
         spec = self.pod["spec"]
-        for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        for flag in ("hostPID", "hostIPC"):
             if spec.get(flag):
                 raise _Unsupported(f"test kubelet: {flag} is not emulated")
         if _dig(spec, "securityContext", "seccompProfile", "type") == "Localhost":
@@ -676,9 +738,13 @@ class _PodRunner(threading.Thread):
         volumes = {}
         for volume in spec.get("volumes") or []:
             kinds = [key for key in volume if key != "name"]
-            if kinds != ["emptyDir"]:
+            if kinds not in (["emptyDir"], ["hostPath"]):
                 raise _Unsupported(
-                    f"test kubelet: volume {volume['name']!r}: only emptyDir volumes are emulated, not {kinds}"
+                    f"test kubelet: volume {volume['name']!r}: only emptyDir and hostPath volumes are emulated, not {kinds}"
+                )
+            if kinds == ["hostPath"] and (volume["hostPath"].get("type") or "") not in HOST_PATH_KINDS:
+                raise _Unsupported(
+                    f"test kubelet: volume {volume['name']!r}: hostPath type {volume['hostPath']['type']!r}"
                 )
             volumes[volume["name"]] = volume
         for box in self.init_boxes + self.main_boxes:
@@ -690,13 +756,19 @@ class _PodRunner(threading.Thread):
                 raise _Unsupported(f"test kubelet: container {box.name!r}: envFrom is not emulated")
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
                 probe = container.get(kind)
-                if probe and not probe.get("tcpSocket"):
+                if probe and not (probe.get("tcpSocket") or probe.get("httpGet")):
                     raise _Unsupported(
-                        f"test kubelet: container {box.name!r}: only tcpSocket probes are emulated ({kind})"
+                        f"test kubelet: container {box.name!r}: only tcpSocket and httpGet probes are emulated ({kind})"
                     )
             if _dig(container, "securityContext", "seccompProfile", "type") == "Localhost":
                 raise _Unsupported(f"test kubelet: container {box.name!r}: a Localhost seccomp profile is not emulated")
-            self._environment(container)  # refuses what it cannot fill in
+            for item in container.get("env") or []:
+                source = item.get("valueFrom")
+                if source is not None and not (_dig(source, "fieldRef", "fieldPath") or source.get("secretKeyRef")):
+                    raise _Unsupported(
+                        f"test kubelet: env {item['name']!r}: only fieldRef and secretKeyRef sources are emulated, "
+                        f"not {list(source)}"
+                    )
 
     def _runtime(self) -> str | None:
         """The Docker runtime of the Pod's runtimeClassName (its RuntimeClass's handler), or None."""
@@ -711,9 +783,85 @@ class _PodRunner(threading.Thread):
             raise _Unsupported(f"test kubelet: RuntimeClass {name!r}: Docker has no runtime {handler!r}")
         return handler
 
+    def _await_references(self) -> None:
+        """Read what the Pod names elsewhere: each container's Secrets, its hostPaths, its service
+        account's token. Until all are there the containers wait in CreateContainerConfigError and
+        they are looked for again with backoff, as a kubelet keeps trying."""
+        delay = REFERENCE_BACKOFF[0]
+        while True:
+            try:
+                self.host_paths = {
+                    volume["name"]: self._host_path(volume["hostPath"])
+                    for volume in self.pod["spec"].get("volumes") or []
+                    if "hostPath" in volume
+                }
+                self.env = {box.name: self._environment(box.spec) for box in self.init_boxes + self.main_boxes}
+                token = self._service_account_token()
+                break
+            except _Missing as exc:
+                for box in self.init_boxes + self.main_boxes:
+                    box.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
+                self._sleep(delay)
+                delay = min(delay * 2, REFERENCE_BACKOFF[1])
+        if token is not None:
+            self.service_account = self._project_token(token)
+
+    def _host_path(self, source: Obj) -> str:
+        """The host path a hostPath volume binds, checked (or made) as its `type` says."""
+        path, kind = Path(source["path"]), source.get("type") or ""
+        if kind == "DirectoryOrCreate":
+            path.mkdir(mode=0o755, parents=True, exist_ok=True)
+        wanted = HOST_PATH_KINDS[kind]
+        if not path.exists():
+            found = None
+        else:
+            found = "dir" if path.is_dir() else "socket" if path.is_socket() else "file" if path.is_file() else "other"
+        if found is None or (wanted is not None and found != wanted):
+            raise _Missing(f"test kubelet: hostPath type check failed: {path} is not a {kind or 'path'}")
+        return str(path)
+
+    def _service_account_token(self) -> str | None:
+        """A token of the Pod's service account, bound to the Pod, from the TokenRequest API; None
+        when the Pod names none or its automountServiceAccountToken (else the account's) is false."""
+        spec, namespace = self.pod["spec"], self.namespace
+        name = spec.get("serviceAccountName") or spec.get("serviceAccount")
+        if not name or spec.get("automountServiceAccountToken") is False:
+            return None
+        path = f"/api/v1/namespaces/{quote(namespace)}/serviceaccounts/{quote(name)}"
+        try:
+            account = self.kubelet._api.call("GET", path)
+        except ApiError as exc:
+            if exc.status == 404:
+                raise _Missing(f'test kubelet: serviceaccount "{name}" not found') from None
+            raise
+        if spec.get("automountServiceAccountToken") is None and account.get("automountServiceAccountToken") is False:
+            return None
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": TOKEN_SECONDS,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.pod_name, "uid": self.uid},
+            },
+        }
+        return str(self.kubelet._api.call("POST", f"{path}/token", body=request)["status"]["token"])
+
+    def _project_token(self, token: str) -> Path:
+        """A host folder holding `token`, the API server's CA and the namespace, as the files of a
+        service account's projected volume (readable by any user: fsGroup is not emulated)."""
+        folder = Path(tempfile.mkdtemp(prefix="orchard-kubelet-token-"))
+        folder.chmod(0o755)
+        files = {"token": token.encode(), "ca.crt": self.kubelet._ca, "namespace": self.namespace.encode()}
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+            (folder / name).chmod(0o644)
+        return folder
+
     def _create_volumes(self) -> None:
         docker = self.kubelet._docker
         for volume in self.pod["spec"].get("volumes") or []:
+            if "hostPath" in volume:
+                continue
             name = f"k8s_{self.uid}_{volume['name']}"
             options = {}
             empty_dir = volume.get("emptyDir") or {}
@@ -819,7 +967,7 @@ class _PodRunner(threading.Thread):
         """Create (not start) a container as the kubelet would run it; registers its Docker events."""
         kubelet = self.kubelet
         spec, pod_spec = box.spec, self.pod["spec"]
-        env = self._environment(spec)
+        env = self.env.get(box.name) or self._environment(spec)
         security = {**(pod_spec.get("securityContext") or {}), **(spec.get("securityContext") or {})}
         limits = _dig(spec, "resources", "limits", default={})
         requests = _dig(spec, "resources", "requests", default={})
@@ -836,7 +984,7 @@ class _PodRunner(threading.Thread):
             "entrypoint": [_expand(part, env) for part in spec["command"]] if spec.get("command") else None,
             "command": [_expand(part, env) for part in spec["args"]] if spec.get("args") else None,
             "working_dir": spec.get("workingDir") or None,
-            "mounts": [self._mount(mount) for mount in spec.get("volumeMounts") or []],
+            "mounts": self._mounts(spec),
             "tty": bool(spec.get("tty")),
             "stdin_open": bool(spec.get("stdin")),
             "runtime": runtime,
@@ -857,7 +1005,9 @@ class _PodRunner(threading.Thread):
             options["cpu_shares"] = max(2, int(share * 1024))
         if not box.init and self.restart_policy != "Never":
             options["restart_policy"] = {"Name": "always" if self.restart_policy == "Always" else "on-failure"}
-        if owner is None:  # an init container, or the first main container: it owns the Pod's ports
+        if self.host_network:  # the host's own network namespace: its ports are the host's
+            options["network_mode"] = "host"
+        elif owner is None:  # an init container, or the first main container: it owns the Pod's ports
             options["network"] = kubelet._network
             options["hostname"] = (pod_spec.get("hostname") or self.pod_name)[:63].rstrip("-.")
             if not box.init:
@@ -872,9 +1022,25 @@ class _PodRunner(threading.Thread):
             box.probes = self._probes(box)
         return container
 
+    def _mounts(self, container: Obj) -> list[Any]:
+        """The container's volumeMounts, and its service account's files where none is mounted."""
+        import docker.types
+
+        mounts = [self._mount(mount) for mount in container.get("volumeMounts") or []]
+        taken = {mount["mountPath"].rstrip("/") for mount in container.get("volumeMounts") or []}
+        if self.service_account is not None and SERVICE_ACCOUNT_MOUNT not in taken:
+            mounts.append(
+                docker.types.Mount(SERVICE_ACCOUNT_MOUNT, str(self.service_account), type="bind", read_only=True)
+            )
+        return mounts
+
     def _mount(self, mount: Obj) -> Any:
         import docker.types
 
+        if mount["name"] in self.host_paths:
+            return docker.types.Mount(
+                mount["mountPath"], self.host_paths[mount["name"]], type="bind", read_only=bool(mount.get("readOnly"))
+            )
         return docker.types.Mount(
             target=mount["mountPath"],
             source=self.volumes[mount["name"]],
@@ -906,13 +1072,19 @@ class _PodRunner(threading.Thread):
         return f"{base}:{group}" if group is not None else base
 
     def _environment(self, container: Obj) -> dict[str, str]:
-        """The container's environment, with `$(VAR)` of earlier entries expanded and fieldRefs filled in."""
+        """The container's environment, with `$(VAR)` of earlier entries expanded, fieldRefs and
+        secretKeyRefs filled in, after the API server's variables (`TestKubelet.service_variables`)."""
         meta, spec, status = self.pod["metadata"], self.pod["spec"], self.pod.get("status") or {}
-        env: dict[str, str] = {}
+        env: dict[str, str] = dict(self.kubelet.service_variables())
         for item in container.get("env") or []:
             source = item.get("valueFrom")
             if source is None:
                 env[item["name"]] = _expand(item.get("value") or "", env)
+                continue
+            if source.get("secretKeyRef"):
+                value = self._secret_value(source["secretKeyRef"])
+                if value is not None:
+                    env[item["name"]] = value
                 continue
             path = _dig(source, "fieldRef", "fieldPath")
             if path is None:
@@ -937,6 +1109,23 @@ class _PodRunner(threading.Thread):
             else:
                 raise _Unsupported(f"test kubelet: env {item['name']!r}: fieldPath {path!r} is not emulated")
         return env
+
+    def _secret_value(self, ref: Obj) -> str | None:
+        """The value of a secretKeyRef (None for an optional one that is not there)."""
+        path = f"/api/v1/namespaces/{quote(self.namespace)}/secrets/{quote(ref['name'])}"
+        try:
+            data = self.kubelet._api.call("GET", path).get("data") or {}
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            data, missing = None, f'secret "{ref["name"]}" not found'
+        else:
+            missing = f"couldn't find key {ref['key']} in Secret {self.namespace}/{ref['name']}"
+        if data is not None and ref["key"] in data:
+            return base64.b64decode(data[ref["key"]]).decode(errors="replace")
+        if ref.get("optional"):
+            return None
+        raise _Missing(f"test kubelet: {missing}")
 
     # -- states and probes --------------------------------------------------------------------
 
@@ -1034,9 +1223,10 @@ class _PodRunner(threading.Thread):
             spec = box.spec.get(f"{kind}Probe")
             if not spec:
                 continue
-            target = spec["tcpSocket"]["port"]
+            action = spec.get("tcpSocket") or spec["httpGet"]
+            target = action["port"]
             port = named[target] if isinstance(target, str) and not target.isdigit() else int(target)
-            host = spec["tcpSocket"].get("host") or self.address or HOST_IP
+            host = action.get("host") or self.address or HOST_IP
             probes.append(_Probe(kind, spec, port, host, due=float("inf")))
         return probes
 
@@ -1177,6 +1367,9 @@ class TestKubelet:
         self.errors: list[str] = []
         self.stats: dict[str, int] = {"binds": 0, "status_writes": 0, "deletes": 0, "relists": 0, "watches": 0}
         self._api = _Api(api_client)
+        self._api_server = urlsplit(api_client.configuration.host)
+        ca_file = api_client.configuration.ssl_ca_cert
+        self._ca = Path(ca_file).read_bytes() if ca_file else b""
         self._docker = docker_client
         self._workers = workers
         self._network: str | None = None
@@ -1273,6 +1466,17 @@ class TestKubelet:
         log.warning("test kubelet: %s: %r", where, exc, exc_info=exc)
         with self._lock:
             self.errors.append(f"{where}: {exc!r}")
+
+    def service_variables(self) -> dict[str, str]:
+        """What a kubelet puts in every container's environment for the `kubernetes` Service: here
+        the API server's own loopback address and port (no kube-proxy routes a cluster IP here)."""
+        host, port = self._api_server.hostname or HOST_IP, str(self._api_server.port or 443)
+        return {
+            "KUBERNETES_SERVICE_HOST": host,
+            "KUBERNETES_SERVICE_PORT": port,
+            "KUBERNETES_SERVICE_PORT_HTTPS": port,
+            "KUBERNETES_PORT": f"tcp://{host}:{port}",
+        }
 
     # -- what tests use -----------------------------------------------------------------------
 
