@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from orchard.agents.loop import Limits, save_episode
 from orchard.eval.attempt import played
+from orchard.eval.live import on_step
 from orchard.eval.runner import Attempt, Solved
 from orchard.store import Store
 
@@ -22,7 +23,7 @@ def agent_solver(model: Model, limits: Limits | None = None, *, store: Store | N
     model server gone for good stops the run, once the attempt is recorded."""
 
     def solve(attempt: Attempt, image: str, client: Client, run_id: str) -> Solved:
-        play = played(attempt.task, attempt.harness, model, client, image, limits=limits)
+        play = played(attempt.task, attempt.harness, model, client, image, limits=limits, on_step=on_step)
         episode = play.episode
         save_episode(episode, run_id=run_id, sample=attempt.sample, store=store)
         return Solved(

@@ -38,6 +38,7 @@ from orchard.agents.loop import record_verdict
 from orchard.agents.models import ModelUnavailable
 from orchard.errors import OrchardError
 from orchard.eval.attempt import TaskPools
+from orchard.eval.live import Live, grading
 from orchard.eval.metrics import mean_over_tasks, pass_at_k, pass_hat_k, spread, swebench_report
 from orchard.eval.report import attempt_folder, outcome_cell, write_attempt, write_report
 from orchard.store import ResultRecord, Store
@@ -191,6 +192,7 @@ def evaluate(
         pending = [a for a in attempts if a.result_id(run_id) not in earlier or a.result_id(run_id) in retries]
         total, finished = len(attempts), len(attempts) - len(pending)
         folder = store.run_folder(run_id)
+        live = Live(folder)  # what is in flight, for a live view
         single = len(harnesses) * samples == 1
         if on_progress:
             on_progress(finished, total, None)
@@ -200,11 +202,12 @@ def evaluate(
             pools = TaskPools(client, concurrency if getattr(solve, "needs_sandbox", True) else 0)
 
             def work(attempt: Attempt) -> ResultRecord:
-                retry = retries.get(attempt.result_id(run_id), 0)
+                key = attempt.result_id(run_id)
                 image = images[attempt.task.instance_id]
                 if isinstance(image, str):
                     pools.taking(attempt.task, image)
-                return _attempt(run_id, attempt, images, solve, client, store, folder, single, retry)
+                with live.attempt(key, attempt.task.instance_id, attempt.harness, attempt.sample):
+                    return _attempt(run_id, attempt, images, solve, client, store, folder, single, retries.get(key, 0))
 
             with pools.warm(startable), _finished(in_threads(work, pending, concurrency)) as records:
                 for record in records:
@@ -212,6 +215,7 @@ def evaluate(
                     if on_progress:
                         on_progress(finished, total, record)
         except BaseException as exc:
+            live.close()
             stopped = isinstance(exc, KeyboardInterrupt)
             partial = summarize(
                 results_of(run_id, store=store), report_ids or [t.instance_id for t in tasks], metric_of(tasks)
@@ -221,6 +225,7 @@ def evaluate(
             if stopped and not isinstance(exc, RunInterrupted):
                 raise RunInterrupted(run_id, finished, total) from None
             raise
+        live.close()
         results = results_of(run_id, store=store)
         summary = summarize(results, report_ids or [t.instance_id for t in tasks], metric_of(tasks))
         summary["images"] = image_facts
@@ -396,6 +401,7 @@ def _attempt(
         if solved.error:  # cut short by the machine: whatever the sandbox held is no verdict
             grade = Grade(task.instance_id, "error", error=solved.error, fault=fault)
         else:
+            grading()
             grade = _graded(task, client, solved.submission, image)
     if solved.trajectory_id:
         record_verdict(solved.trajectory_id, grade.outcome, grade.resolved, store=store)

@@ -16,6 +16,8 @@ from sqlalchemy import ColumnElement, or_
 from sqlmodel import col, select
 from sqlmodel.sql.expression import Select
 
+from orchard.eval import live
+from orchard.eval.live import action_text
 from orchard.store import RunRecord, StepRecord, Store, TrajectoryRecord, session, views
 
 
@@ -125,13 +127,10 @@ def actions_text(actions_json: str) -> str:
     return "; ".join(action_text(a) for a in actions if isinstance(a, dict))
 
 
-def action_text(action: dict[str, Any]) -> str:
-    """One action as a list shows it: its name and its command or path (else its arguments)."""
-    arguments = action.get("arguments")
-    if isinstance(arguments, dict):
-        inner = arguments.get("command") or arguments.get("path") or json.dumps(arguments)
-        return f"{action.get('name')}: {inner if isinstance(inner, str) else json.dumps(inner)}"
-    return str(action.get("name"))
+def attempts_in_flight(run_id: str, *, store: Store | None = None) -> list[dict[str, Any]]:
+    """The attempts a running evaluation is working on, oldest first, as its runner lists them in
+    the run's folder (`orchard.eval.live`): task, harness, sample, started, phase, steps, last."""
+    return live.read((store or Store.open()).runs / run_id)
 
 
 def sandboxes_of_run(run_id: str, *, store: Store | None = None) -> list[views.SandboxRow]:

@@ -7,9 +7,12 @@ most, looked for once typing pauses, off the screen's thread); `enter` on a step
 full, `esc` clears the search (then goes back).
 
 While a run runs, the screen reads the store again every `refresh` seconds. An evaluation
-records an attempt (its trajectory and its steps included) only once the attempt ends, so what
-is under way shows as the live sandboxes of the run's process (`queries.sandboxes_of_run`), each
-with its image, its age and the commands it has finished (its manager records each as it ends).
+records an attempt (its trajectory and its steps included) only once the attempt ends; what is
+under way meanwhile is what its runner lists in the run's folder (`queries.attempts_in_flight`):
+each attempt's task, harness and sample, how long it has run, whether it is solved or graded, its
+steps so far and its last action. A run that lists none (a training stage) shows the live
+sandboxes of its process instead (`queries.sandboxes_of_run`), each with its image, its age and
+the commands it has finished.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from textual.worker import get_current_worker
 
 from orchard.store import views
 from orchard.store.runs import metrics_of
-from orchard.tui.queries import StepHit, sandboxes_of_run, step_hits, trajectories
+from orchard.tui.queries import StepHit, attempts_in_flight, sandboxes_of_run, step_hits, trajectories
 from orchard.tui.trajectory import TrajectoryScreen, open_step
 from orchard.tui.widgets import Chart, SearchBar, age, around, one_line, span, when
 
@@ -87,7 +90,6 @@ class RunScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#inflight", DataTable).add_columns("sandbox", "age", "cmds", "last command", "image")
         self.query_one("#trajectories", DataTable).add_columns("task", "harness", "status", "verdict", "steps")
         self.query_one("#hits", DataTable).add_columns("task", "harness", "step", "in", "text")
         self.query_one("#matrix", DataTable).add_columns("harness", "resolved", "rate", "machine errors", "outcomes")
@@ -165,10 +167,21 @@ class RunScreen(Screen):
         if run is None:
             return
         store, now = self.app.store, self.app.now()  # type: ignore[attr-defined]
-        boxes = sandboxes_of_run(self.run_id, store=store)
         figures = (
             progress(run.status, run.started_at, run.graded, run.total, run.last_step, now) or "nothing recorded yet"
         )
+        table = self.query_one("#inflight", DataTable)
+        attempts = attempts_in_flight(self.run_id, store=store)
+        if attempts:
+            self.query_one("#inflight-about", Static).update(f"{figures}. In flight:")
+            table.clear(columns=True)
+            table.add_columns("task", "harness", "sample", "for", "phase", "steps", "last action")
+            for a in attempts:
+                cells = [a["task"], a["harness"], str(a["sample"]), age(now - a["started"]), a["phase"]]
+                table.add_row(*cells, str(a["steps"]), one_line(a["last"], 60))
+            table.display = True
+            return
+        boxes = sandboxes_of_run(self.run_id, store=store)
         note = (
             f"{figures}. Attempts are recorded as they end; meanwhile, the live sandboxes of the run's process "
             "show where they work (and are graded) and the commands they finished:"
@@ -177,8 +190,8 @@ class RunScreen(Screen):
             "process (a service's sandboxes are its own: `s` lists them)."
         )
         self.query_one("#inflight-about", Static).update(note)
-        table = self.query_one("#inflight", DataTable)
-        table.clear()
+        table.clear(columns=True)
+        table.add_columns("sandbox", "age", "cmds", "last command", "image")
         for s in boxes:
             table.add_row(s.id, age(now - s.created_at), str(s.commands), one_line(s.last_command, 40), s.image)
         table.display = bool(boxes)

@@ -14,9 +14,9 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
+from orchard.eval.live import action_text
 from orchard.store import views
 from orchard.train.credit import EPSILON
-from orchard.tui.queries import action_text
 from orchard.tui.widgets import Chart, one_line
 
 

@@ -683,3 +683,40 @@ def test_a_model_server_that_goes_away_stops_the_run_with_one_line(orchard_home,
     (run,), results = recorded()
     assert run.status == "failed" and "did not answer 3 requests" in run.error
     assert sorted(results) == ids[:3] and {r.outcome for r in results.values()} == {"error"}  # no fourth attempt
+
+
+class Peeks:
+    """Runs `ls` then `ls -a`, reading every run's `live.json` before each answer: what a live view
+    sees while the episode runs."""
+
+    def __init__(self, runs: Path):
+        self.runs, self.seen, self.turns = runs, [], 0
+
+    def complete(self, messages, tools):
+        from orchard.eval import live
+
+        self.seen.append([entry for folder in self.runs.iterdir() for entry in live.read(folder)])
+        self.turns += 1
+        return Reply(content="```bash\nls\n```" if self.turns == 1 else "```bash\nls -a\n```")
+
+
+def test_a_running_evaluation_lists_its_attempts_in_flight_with_their_steps_until_it_ends(
+    client, example_task, example_repos, tmp_path
+):
+    """The store records an attempt once it ends; meanwhile the run's folder lists it (`live.json`):
+    its task, harness and sample, solving, its steps so far and its last action. Once the run
+    ends, the file is gone."""
+    task, _ = example_task(TEXTKIT_1)
+    store = Store.open(f"sqlite:///{tmp_path / 'store.db'}")
+    peeks = Peeks(store.runs)
+    result = evaluate(
+        [task], ["bash"], 1, agent_solver(Behaviours(peeks), Limits(episode_steps=3), store=store), client=client,
+        prepare=Prepare(example_repos), config={"test": "live"}, name="live", concurrency=1, store=store,
+    )  # fmt: skip
+    steps = [[(e["task"], e["harness"], e["sample"], e["phase"], e["steps"], e["last"]) for e in s] for s in peeks.seen]
+    assert steps == [
+        [(TEXTKIT_1, "bash", 0, "solving", 0, "")],
+        [(TEXTKIT_1, "bash", 0, "solving", 1, "bash: ls")],
+        [(TEXTKIT_1, "bash", 0, "solving", 2, "bash: ls -a")],
+    ]
+    assert not (result.folder / "live.json").exists()

@@ -512,6 +512,35 @@ async def test_a_running_evaluation_shows_what_is_under_way(running_eval):
         assert not screen.query_one("#inflight").display and screen.status == "finished"
 
 
+async def test_a_running_evaluation_shows_each_attempt_in_flight_with_its_steps(running_eval):
+    """What the runner lists in the run's folder (`orchard.eval.live`): each attempt in flight, for
+    how long, solving or grading, its steps and last action; the sandboxes give way to it."""
+    from types import SimpleNamespace
+
+    from orchard.agents.loop import StepLog
+    from orchard.eval import live
+
+    listed = live.Live(Store.open(running_eval).run_folder("eval-live"))
+    step = StepLog(
+        0, "", [{"name": "bash", "arguments": {"command": "pytest -q tests/test_wrap.py"}}], "", None, 0, 0, 0.0
+    )
+    app = app_for(running_eval)
+    with listed.attempt("eval-live/orchard-examples__textkit-2/bash/0", "orchard-examples__textkit-2", "bash", 0):
+        live.on_step(0, None, SimpleNamespace(steps=[step, step]))
+        async with app.run_test(size=(120, 40)) as pilot:
+            app.push_screen(RunScreen("eval-live"))
+            await pilot.pause()
+            screen = app.screen
+            assert str(screen.query_one("#inflight-about").render()) == "1/4 graded, ETA 6m. In flight:"
+            table = screen.query_one("#inflight", DataTable)
+            row = table.get_row_at(0)
+            assert (row[:3], row[4:]) == (
+                ["orchard-examples__textkit-2", "bash", "0"],
+                ["solving", "2", "bash: pytest -q tests/test_wrap.py"],
+            )
+    assert live.read(Store.open(running_eval).runs / "eval-live") == []  # the attempt ended
+
+
 def test_a_step_found_shows_the_text_around_the_match():
     """A long observation is cut around what was found, so the match is in sight."""
     from orchard.tui.widgets import around
