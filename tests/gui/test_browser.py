@@ -62,7 +62,19 @@ MOTION = """<!doctype html><title>Motion</title>
 POPUP = """<!doctype html><title>Opener</title>
 <button id="pop" style="width: 200px; height: 50px" onclick="window.open('done.html?from=popup')">Open a popup</button>
 """
-FILES = {"buttons.html": BUTTONS, "form.html": FORM, "done.html": DONE, "motion.html": MOTION, "popup.html": POPUP}
+SETTLE = """<!doctype html><title>Settle</title>
+<style>button { position: absolute; width: 200px; height: 50px }</style>
+<button id="paint" style="left: 100px; top: 50px" onclick="requestAnimationFrame(() => this.textContent = 'painted')">Paint</button>
+<button id="away" style="left: 400px; top: 50px" onclick="location.href = 'done.html?from=settle'">Away</button>
+"""
+FILES = {
+    "buttons.html": BUTTONS,
+    "form.html": FORM,
+    "done.html": DONE,
+    "motion.html": MOTION,
+    "popup.html": POPUP,
+    "settle.html": SETTLE,
+}
 
 
 def page(name: str) -> str:
@@ -224,6 +236,22 @@ def test_typing_clearing_and_keys(browser):
     assert browser.back() and browser.url == page("form.html")
     with pytest.raises(InvalidRequest, match="no key 'Hyper'"):
         browser.press(["Hyper"])
+
+
+def test_settle_waits_for_what_an_action_started_to_show(browser):
+    """After a click, `settle` returns once the page has rendered what the click changed (here in
+    the next animation frame) and once a navigation it started has loaded: the page read right
+    after is the changed one. Without a wait, both reads see the page before."""
+    for _ in range(3):
+        browser.goto(page("settle.html"))
+        browser.click(200, 75)
+        browser.settle()
+        assert browser.evaluate("document.getElementById('paint').textContent") == "painted"
+        browser.click(500, 75)
+        browser.settle()
+        assert browser.evaluate("[location.search, document.readyState, out.textContent]") == [
+            "?from=settle", "complete", "?from=settle",
+        ]  # fmt: skip
 
 
 def test_a_dialog_does_not_stall_the_page(browser):

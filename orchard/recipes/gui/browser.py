@@ -93,8 +93,12 @@ SCREENSHOT_TIMEOUT = 10.0
 """Seconds a screenshot's capture may take; one that goes unanswered is asked once more."""
 LOAD_TIMEOUT = 20.0
 """Seconds `goto` waits for a page's load by default."""
-SETTLE_QUIET = 0.05
-"""Seconds without a navigation event that `settle` waits for once nothing is loading."""
+FRAME = "new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => done(1))))"
+"""Resolves once the page has rendered a frame after everything before it (an action's events,
+what its handlers changed, a navigation it asked for): what `settle` waits for."""
+FRAME_WAIT = 1.0
+"""Seconds `settle` waits for a rendered frame; a page that renders none by then (busy, hidden)
+is taken as it is."""
 VERSION_BYTES = 64 * 1024
 START_POLL = 0.05
 START_WAIT = 30.0
@@ -239,7 +243,6 @@ class _PageState:
         self.loading = False
         self.navigations = 0
         self.stops = 0
-        self.last_event = 0.0
 
     def on_event(self, method: str, params: dict[str, Any]) -> None:
         frame = params.get("frame") if method == "Page.frameNavigated" else None
@@ -257,7 +260,6 @@ class _PageState:
                 self.stops += 1
             elif method != "Page.navigatedWithinDocument":
                 return
-            self.last_event = time.monotonic()
             self.changed.notify_all()
 
     def wait(self, done: Callable[[], bool], timeout: float) -> bool:
@@ -393,21 +395,32 @@ class Browser:
         return True
 
     def settle(self, *, timeout: float = 2.0) -> None:
-        """Wait, up to `timeout` seconds, until the active tab has no navigation under way and
-        has been quiet (no navigation event) for `SETTLE_QUIET` seconds: what an action started
-        has then shown. Tabs the page closed or opened are taken in (`tabs()`)."""
+        """Wait, up to `timeout` seconds, until what an action started has shown: the active tab
+        renders a frame after it (`FRAME`: by then the action's events were handled and a
+        navigation it asked for has begun), and a navigation under way has loaded and rendered
+        its first frame. No fixed quiet period. Tabs the page closed or opened are taken in
+        (`tabs()`)."""
         state = self._states[self._active]
-        started = time.monotonic()
-        deadline = started + timeout
-
-        def quiet() -> bool:
-            return not state.loading and time.monotonic() - max(state.last_event, started) >= SETTLE_QUIET
-
-        with state.changed:
-            while not quiet() and (left := deadline - time.monotonic()) > 0:
-                wait = left if state.loading else SETTLE_QUIET - (time.monotonic() - max(state.last_event, started))
-                state.changed.wait(max(0.001, min(left, wait)))
+        deadline = time.monotonic() + timeout
+        for _ in range(3):  # a frame, then a navigation's load and its frame (a redirect: once more)
+            if not state.loading:
+                self._frame(deadline)
+            with state.changed:
+                if not state.loading:
+                    break
+                state.changed.wait_for(lambda: not state.loading, max(0.0, deadline - time.monotonic()))
         self._refresh_tabs()
+
+    def _frame(self, deadline: float) -> None:
+        """Until the active tab renders a frame (`FRAME`), `FRAME_WAIT` seconds at most (or until
+        `deadline`). A navigation that replaces the page ends the wait too (its document, and the
+        promise with it, goes); then the tab is loading, which `settle` waits for."""
+        left = min(FRAME_WAIT, deadline - time.monotonic())
+        if left <= 0:
+            return
+        params = {"expression": FRAME, "awaitPromise": True, "returnByValue": True}
+        with contextlib.suppress(CDPError, BrowserTimeout):  # gone with its document, or rendering nothing
+            self._send("Runtime.evaluate", params, timeout=left)
 
     # --- input -------------------------------------------------------------------------------
 
