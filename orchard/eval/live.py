@@ -39,6 +39,7 @@ class Live:
         self.path = folder / FILE
         self._lock = threading.Lock()
         self._attempts: dict[str, dict[str, Any]] = {}
+        self._closed = False
 
     @contextlib.contextmanager
     def attempt(self, key: str, task: str, harness: str, sample: int) -> Iterator[None]:
@@ -53,13 +54,16 @@ class Live:
             self._change(key, None)
 
     def close(self) -> None:
-        """The run ended: nothing is in flight."""
+        """The run ended: nothing is in flight (work abandoned at Ctrl-C writes nothing after)."""
         with self._lock:
+            self._closed = True
             self._attempts.clear()
             self.path.unlink(missing_ok=True)
 
     def _change(self, key: str, fields: dict[str, Any] | None) -> None:
         with self._lock:
+            if self._closed:
+                return
             if fields is None:
                 self._attempts.pop(key, None)
             elif key in self._attempts or "task" in fields:
