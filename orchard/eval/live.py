@@ -114,11 +114,11 @@ def read(folder: Path) -> list[dict[str, Any]]:
     attempts = data.get("attempts") if isinstance(data, dict) else None
     if not isinstance(attempts, dict):
         return []
-    fields = {"task": str, "harness": str, "sample": int, "started": float, "phase": str, "steps": int, "last": str}
+    fields: dict[str, Any] = {
+        "task": str, "harness": str, "sample": int, "started": (int, float), "phase": str, "steps": int, "last": str,
+    }  # fmt: skip
     found = []
     for entry in attempts.values():
-        if isinstance(entry, dict) and all(
-            isinstance(entry.get(k), t | int if t is float else t) for k, t in fields.items()
-        ):
+        if isinstance(entry, dict) and all(isinstance(entry.get(k), kind) for k, kind in fields.items()):
             found.append({k: entry[k] for k in fields})
     return sorted(found, key=lambda entry: entry["started"])

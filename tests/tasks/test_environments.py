@@ -18,6 +18,8 @@ import re
 import subprocess
 import tarfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -456,11 +458,35 @@ def test_the_shared_cache_is_trusted_only_by_sha256(index: Path, tmp_path: Path,
         server.shutdown()
 
 
+@contextmanager
+def json_index(name: str, page: dict, files: dict[str, bytes]) -> Iterator[str]:
+    """A package index on loopback speaking PEP 691 JSON: `page` as project `name`'s page, `files`
+    (read as it is asked, so a test may change it) by path; its simple URL."""
+    import http.server
+    import threading
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps(page).encode() if self.path == f"/simple/{name}/" else files.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    finally:
+        server.shutdown()
+
+
 def test_source_distributions_are_found_without_pip(index: Path, tmp_path: Path, monkeypatch) -> None:
     """The index's PEP 691 JSON page (a real HTTP server on loopback), chosen by specifier and by
     Requires-Python for the image's Python, its sha256 checked; and a find-links folder."""
-    import http.server
-    import threading
 
     from packaging.requirements import Requirement
 
@@ -479,24 +505,11 @@ def test_source_distributions_are_found_without_pip(index: Path, tmp_path: Path,
         ],
     }  # fmt: skip
 
-    class Index(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps(page).encode() if self.path == "/simple/orchard-envdemo-x/" else files.get(self.path)
-            self.send_response(200 if body is not None else 404)
-            self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
-            self.end_headers()
-            self.wfile.write(body or b"")
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with json_index("orchard-envdemo-x", page, files) as url:
         monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
         monkeypatch.delenv("PIP_NO_INDEX", raising=False)
         monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
-        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_address[1]}/simple")
+        monkeypatch.setenv("PIP_INDEX_URL", url)
         found = wheelhouse.find_sdist(Requirement("orchard-envdemo-x"), BULLSEYE)
         assert found is not None and found.filename == "orchard_envdemo_x-1.0.tar.gz"
         assert wheelhouse.download_sdist(found, tmp_path / "a").read_bytes() == good
@@ -505,8 +518,6 @@ def test_source_distributions_are_found_without_pip(index: Path, tmp_path: Path,
         files["/files/orchard_envdemo_x-1.0.tar.gz"] = b"tampered"
         with pytest.raises(ConfigError, match="sha256 differs"):
             wheelhouse.download_sdist(found, tmp_path / "b")
-    finally:
-        server.shutdown()
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(index))
     found = wheelhouse.find_sdist(Requirement("orchard_envdemo.pure"), BOOKWORM)
@@ -518,8 +529,6 @@ def test_resolution_as_of_a_date_takes_what_was_uploaded_before_it(index: Path, 
     older version is taken, even with a pip.conf naming a folder that holds the newer one with no
     date (configuration files are left out of dated resolutions). Both versions are then fetched
     in one call, as a wheelhouse holding an early step's version and its replacement does."""
-    import http.server
-    import threading
 
     names = {"1.0": "2024-05-01T00:00:00Z", "2.0": "2025-06-01T00:00:00Z"}
     files = {
@@ -539,20 +548,7 @@ def test_resolution_as_of_a_date_takes_what_was_uploaded_before_it(index: Path, 
         ],
     }  # fmt: skip
 
-    class Index(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps(page).encode() if self.path == "/simple/orchard-envdemo-pin/" else files.get(self.path)
-            self.send_response(200 if body is not None else 404)
-            self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
-            self.end_headers()
-            self.wfile.write(body or b"")
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with json_index("orchard-envdemo-pin", page, files) as url:
         newest_only = tmp_path / "links"
         newest_only.mkdir()
         (newest_only / "orchard_envdemo_pin-2.0-py3-none-any.whl").write_bytes(
@@ -562,7 +558,7 @@ def test_resolution_as_of_a_date_takes_what_was_uploaded_before_it(index: Path, 
         monkeypatch.setenv("PIP_CONFIG_FILE", str(tmp_path / "pip.conf"))
         monkeypatch.delenv("PIP_NO_INDEX", raising=False)
         monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
-        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_address[1]}/simple")
+        monkeypatch.setenv("PIP_INDEX_URL", url)
         monkeypatch.setenv("ORCHARD_CACHE_DIR", str(tmp_path / "cache"))
         dated = Target("3.11.2", "2.36", before="2025-01-01T00:00:00Z")
         (old,) = resolve(["orchard-envdemo-pin"], dated, what="test")
@@ -573,8 +569,6 @@ def test_resolution_as_of_a_date_takes_what_was_uploaded_before_it(index: Path, 
             "orchard_envdemo_pin-1.0-py3-none-any.whl",
             "orchard_envdemo_pin-2.0-py3-none-any.whl",
         ]
-    finally:
-        server.shutdown()
 
 
 def test_pip_not_taking_the_targets_markers_fails_loudly(offline: Path, monkeypatch) -> None:
