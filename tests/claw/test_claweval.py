@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import sys
 import threading
@@ -123,6 +124,24 @@ def test_a_bad_task_yaml_is_one_line_naming_the_file_and_field(tmp_path, orchard
     result = runner.invoke(app, ["eval", "--tasks", str(root / "tasks"), "--model", "noop", "--harness", "functions"])
     assert result.exit_code == 1 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     assert message in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "name"),
+    [
+        ("sandbox_files", "../../../etc/passwd"),
+        ("local_grader_files", "/etc/shadow"),
+        ("sandbox_grader_files", "a/../../b"),
+    ],
+)
+def test_a_task_naming_a_file_outside_the_benchmark_is_refused_at_load(tmp_path, field, name):
+    """Files are found in the task's folder or the root, never through `..` or an absolute path:
+    a task folder is not a way to read the host's files into a sandbox or a grade."""
+    root = copy_of_data(tmp_path)
+    path = root / "tasks" / "N03_todo_dedupe" / "task.yaml"
+    path.write_text(re.sub(rf"^{field}: .*$", f"{field}: [{json.dumps(name)}]", path.read_text(), flags=re.M))
+    with pytest.raises(ConfigError, match=rf"{field}: .* leaves the task"):
+        load_tasks(root / "tasks")
 
 
 # -- in sandboxes ------------------------------------------------------------------------------
